@@ -1,0 +1,33 @@
+# Two entry points for a fresh machine:  make demo  and  make test.
+# TORCH pins the CPU build on machines without a GPU (no multi-GB CUDA download); on a GPU machine use
+#   make demo TORCH="torch"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: install demo test bench gpu-check clean
+
+$(BIN)/rentplan: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[probe,test]"
+	touch $@
+
+install: $(BIN)/rentplan
+
+demo: install
+	$(BIN)/rentplan demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python benchmarks/probe_overhead.py
+
+gpu-check: install
+	bash benchmarks/gpu_check.sh
+
+clean:
+	rm -rf $(VENV) rentplan-out rentplan.db rentplan.db-* *.egg-info build

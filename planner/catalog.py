@@ -1,0 +1,334 @@
+"""catalog.yaml -> typed Gpu and Offer records. The only code that knows the catalog's YAML.
+
+Validation names every problem at once with its key path; memory is stored in bytes (GiB = 2**30).
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import difflib
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from planner.errors import CatalogError
+from planner.units import GiB
+from planner.yamlsafe import Problems, load_yaml_file
+
+GPU_KEYS = {"id", "name", "vendor", "arch", "compute_capability", "memory_gb_marketed", "memory_gib_usable",
+            "mem_bandwidth_tbps", "bf16_dense_tflops", "fp16_dense_tflops", "tf32_dense_tflops", "fp32_tflops",
+            "fp8_dense_tflops", "bf16_supported", "fp8_supported", "interconnect", "nvlink_gbps", "tdp_w",
+            "mamf_bf16_tflops", "min_cuda", "software", "notes", "sources", "unverified"}
+GPU_REQUIRED = ["id", "name", "vendor", "memory_gb_marketed", "memory_gib_usable", "mem_bandwidth_tbps",
+                "bf16_supported", "fp8_supported"]
+OFFER_KEYS = {"id", "gpu", "provider", "instance", "gpus_per_instance", "price_per_instance_hour_usd", "spot",
+              "billing_minimum_hours", "as_of", "source", "note", "unverified", "network", "nodes"}
+OFFER_REQUIRED = ["id", "gpu", "provider", "gpus_per_instance", "price_per_instance_hour_usd", "spot", "as_of",
+                  "source"]
+TOP_KEYS = {"schema", "defaults", "sources", "gpus", "offers"}
+DEFAULT_KEYS = {"cuda_context_gib", "fragmentation_factor"}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    id: str
+    name: str
+    vendor: str
+    memory_gb_marketed: float
+    usable_bytes: int
+    mem_bandwidth_tbps: float
+    bf16_supported: bool
+    fp8_supported: bool
+    compute_capability: str | None = None
+    arch: str | None = None
+    bf16_dense_tflops: float | None = None
+    fp16_dense_tflops: float | None = None
+    tf32_dense_tflops: float | None = None
+    fp32_tflops: float | None = None
+    fp8_dense_tflops: float | None = None
+    interconnect: str | None = None
+    nvlink_gbps: float | None = None
+    mamf_bf16_tflops: float | None = None
+    min_cuda: str | None = None
+    software: str = "cuda"
+    sources: tuple[str, ...] = ()
+    unverified: tuple[str, ...] = ()
+
+    def peak_tflops(self, precision: str) -> float | None:
+        if precision == "bf16":
+            return self.bf16_dense_tflops
+        if precision == "fp16":
+            return self.fp16_dense_tflops
+        return self.tf32_dense_tflops or self.fp32_tflops  # fp32 matmuls may use TF32 tensor cores
+
+    def sm(self) -> float | None:
+        try:
+            return float(self.compute_capability) if self.compute_capability else None
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class Offer:
+    id: str
+    gpu: str
+    provider: str
+    gpus_per_instance: int
+    price_per_instance_hour_usd: float
+    spot: bool
+    as_of: str
+    source: str
+    billing_minimum_hours: float = 0.0
+    instance: str | None = None
+    note: str | None = None
+    nodes: int = 1
+    network: str | None = None
+    unverified: tuple[str, ...] = ()
+
+    @property
+    def price_per_gpu_hour_usd(self) -> float:
+        return self.price_per_instance_hour_usd / self.gpus_per_instance
+
+
+@dataclass
+class Catalog:
+    gpus: dict[str, Gpu]
+    offers: list[Offer]
+    context_bytes: int = GiB // 2
+    fragmentation_factor: float = 1.15
+    source: str = ""
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def gpu(self, gpu_id: str) -> Gpu:
+        if gpu_id in self.gpus:
+            return self.gpus[gpu_id]
+        norm = normalize_gpu_name(gpu_id)
+        if norm in self.gpus:
+            return self.gpus[norm]
+        hint = difflib.get_close_matches(norm, list(self.gpus), n=3, cutoff=0.5)
+        more = f" Did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
+        raise CatalogError(f"unknown GPU {gpu_id!r}.{more} `rentplan catalog list` shows the ids.")
+
+    def gpus_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([asdict(g) for g in self.gpus.values()])
+
+    def offers_frame(self) -> pd.DataFrame:
+        rows = []
+        for o in self.offers:
+            row = asdict(o)
+            row["price_per_gpu_hour_usd"] = o.price_per_gpu_hour_usd
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def default_catalog_path() -> Path:
+    """The catalog.yaml of the checkout, else the copy shipped inside the installed package."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "catalog.yaml", here / "catalog.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise CatalogError("no bundled catalog.yaml found; pass --catalog PATH.")
+
+
+def load_catalog(path: str | Path | None = None) -> Catalog:
+    path = Path(path) if path else default_catalog_path()
+    data = load_yaml_file(path, "catalog")
+    return parse_catalog(data, str(path))
+
+
+def parse_catalog(data, source: str) -> Catalog:
+    p = Problems(source)
+    if not isinstance(data, dict):
+        p.add("", "the catalog must be a mapping with gpus: and offers:")
+        p.raise_if_any(CatalogError)
+    p.unknown_keys("", data, TOP_KEYS)
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        p.add("defaults", "must be a mapping")
+        defaults = {}
+    p.unknown_keys("defaults", defaults, DEFAULT_KEYS)
+    ctx = p.number("defaults.cuda_context_gib", defaults.get("cuda_context_gib", 0.5), positive=True, allow_zero=True)
+    frag = p.number("defaults.fragmentation_factor", defaults.get("fragmentation_factor", 1.15), positive=True)
+    if frag is not None and frag < 1:
+        p.add("defaults.fragmentation_factor", f"must be >= 1 (reserved is never below allocated), got {frag}")
+    gpus: dict[str, Gpu] = {}
+    raw_gpus = data.get("gpus")
+    if not isinstance(raw_gpus, list) or not raw_gpus:
+        p.add("gpus", "must be a non-empty list")
+        raw_gpus = []
+    for i, g in enumerate(raw_gpus):
+        gpu = _parse_gpu(p, f"gpus[{i}]", g)
+        if gpu is not None:
+            if gpu.id in gpus:
+                p.add(f"gpus[{i}].id", f"duplicate GPU id {gpu.id!r}")
+            gpus[gpu.id] = gpu
+    offers: list[Offer] = []
+    raw_offers = data.get("offers")
+    if raw_offers is None:
+        raw_offers = []
+    if not isinstance(raw_offers, list):
+        p.add("offers", "must be a list")
+        raw_offers = []
+    seen: set[str] = set()
+    known_gpu_ids = {g.get("id") for g in raw_gpus if isinstance(g, dict)}
+    for i, o in enumerate(raw_offers):
+        offer = _parse_offer(p, f"offers[{i}]", o, known_gpu_ids)
+        if offer is not None:
+            if offer.id in seen:
+                p.add(f"offers[{i}].id", f"duplicate offer id {offer.id!r}")
+            seen.add(offer.id)
+            offers.append(offer)
+    p.raise_if_any(CatalogError)
+    return Catalog(gpus, offers, context_bytes=int(ctx * GiB), fragmentation_factor=float(frag), source=source,
+                   sources=dict(data.get("sources") or {}))
+
+
+def _parse_gpu(p: Problems, path: str, g) -> Gpu | None:
+    if not isinstance(g, dict):
+        p.add(path, "must be a mapping")
+        return None
+    n0 = len(p.items)
+    p.unknown_keys(path, g, GPU_KEYS)
+    p.require(path, g, GPU_REQUIRED)
+    for key in ("memory_gb_marketed", "memory_gib_usable", "mem_bandwidth_tbps"):
+        if g.get(key) is not None:
+            p.number(f"{path}.{key}", g[key], positive=True)
+    for key in ("bf16_dense_tflops", "fp16_dense_tflops", "tf32_dense_tflops", "fp32_tflops", "fp8_dense_tflops",
+                "nvlink_gbps", "mamf_bf16_tflops", "tdp_w"):
+        if g.get(key) is not None:
+            p.number(f"{path}.{key}", g[key], positive=True)
+    for key in ("bf16_supported", "fp8_supported"):
+        if g.get(key) is not None:
+            p.boolean(f"{path}.{key}", g[key])
+    if g.get("id") is not None:
+        p.text(f"{path}.id", g["id"])
+    if g.get("bf16_supported") is True and g.get("bf16_dense_tflops") is None:
+        p.add(f"{path}.bf16_dense_tflops", "missing although bf16_supported is true")
+    if len(p.items) > n0:
+        return None
+    return Gpu(
+        id=g["id"], name=g["name"], vendor=g["vendor"], memory_gb_marketed=float(g["memory_gb_marketed"]),
+        usable_bytes=int(float(g["memory_gib_usable"]) * GiB), mem_bandwidth_tbps=float(g["mem_bandwidth_tbps"]),
+        bf16_supported=g["bf16_supported"], fp8_supported=g["fp8_supported"],
+        compute_capability=_opt_str(g.get("compute_capability")), arch=g.get("arch"),
+        bf16_dense_tflops=g.get("bf16_dense_tflops"), fp16_dense_tflops=g.get("fp16_dense_tflops"),
+        tf32_dense_tflops=g.get("tf32_dense_tflops"), fp32_tflops=g.get("fp32_tflops"),
+        fp8_dense_tflops=g.get("fp8_dense_tflops"), interconnect=g.get("interconnect"),
+        nvlink_gbps=g.get("nvlink_gbps"), mamf_bf16_tflops=g.get("mamf_bf16_tflops"),
+        min_cuda=_opt_str(g.get("min_cuda")), software=g.get("software") or "cuda",
+        sources=tuple(g.get("sources") or ()), unverified=tuple(str(u) for u in g.get("unverified") or ()))
+
+
+def _parse_offer(p: Problems, path: str, o, gpu_ids: set) -> Offer | None:
+    if not isinstance(o, dict):
+        p.add(path, "must be a mapping")
+        return None
+    n0 = len(p.items)
+    p.unknown_keys(path, o, OFFER_KEYS)
+    p.require(path, o, OFFER_REQUIRED)
+    if o.get("price_per_instance_hour_usd") is not None:
+        p.number(f"{path}.price_per_instance_hour_usd", o["price_per_instance_hour_usd"], positive=True)
+    if o.get("gpus_per_instance") is not None:
+        p.number(f"{path}.gpus_per_instance", o["gpus_per_instance"], positive=True, integer=True)
+    if o.get("billing_minimum_hours") is not None:
+        p.number(f"{path}.billing_minimum_hours", o["billing_minimum_hours"], positive=True, allow_zero=True)
+    if o.get("spot") is not None:
+        p.boolean(f"{path}.spot", o["spot"])
+    gpu = o.get("gpu")
+    if gpu is not None and gpu not in gpu_ids:
+        hint = difflib.get_close_matches(str(gpu), [str(x) for x in gpu_ids], n=1)
+        p.add(f"{path}.gpu", f"unknown GPU id {gpu!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    if len(p.items) > n0:
+        return None
+    return Offer(id=str(o["id"]), gpu=gpu, provider=str(o["provider"]), gpus_per_instance=int(o["gpus_per_instance"]),
+                 price_per_instance_hour_usd=float(o["price_per_instance_hour_usd"]), spot=o["spot"],
+                 as_of=str(o["as_of"]), source=str(o["source"]),
+                 billing_minimum_hours=float(o.get("billing_minimum_hours") or 0.0), instance=o.get("instance"),
+                 note=o.get("note"), nodes=int(o.get("nodes") or 1), network=o.get("network"),
+                 unverified=tuple(str(u) for u in o.get("unverified") or ()))
+
+
+def _opt_str(x) -> str | None:
+    return None if x is None else str(x)
+
+
+# --- SkyPilot catalog import (vms.csv, parsed by header: column order differs between clouds) ---
+
+_NAME_MAP = {
+    "a100": "a100_40gb", "a100-40gb": "a100_40gb", "a100-80gb": "a100_80gb_pcie", "a100-80gb-sxm": "a100_80gb_sxm",
+    "a100-80gb-sxm4": "a100_80gb_sxm", "h100": "h100_sxm", "h100-sxm": "h100_sxm", "h100-sxm5": "h100_sxm",
+    "h100-pcie": "h100_pcie", "h100-nvl": "h100_nvl", "h100nvl": "h100_nvl", "h200": "h200_sxm", "b200": "b200",
+    "gh200": "gh200", "l4": "l4", "l40": "l40", "l40s": "l40s", "a10": "a10", "a10g": "a10g", "a6000": "rtx_a6000",
+    "rtxa6000": "rtx_a6000", "rtx-a6000": "rtx_a6000", "rtx6000-ada": "rtx_6000_ada", "rtx6000ada": "rtx_6000_ada",
+    "rtx4090": "rtx_4090", "rtx-4090": "rtx_4090", "rtx3090": "rtx_3090", "rtx-3090": "rtx_3090", "v100": "v100_16gb",
+    "v100-32gb": "v100_32gb", "t4": "t4", "mi300x": "mi300x", "mi250": "mi250",
+}
+
+
+def normalize_gpu_name(name: str) -> str:
+    """'H100-SXM', 'A100-80GB', 'RTX 4090' ... -> the catalog's GPU id (or the lowercased name)."""
+    key = re.sub(r"[\s_]+", "-", str(name).strip().lower())
+    return _NAME_MAP.get(key, _NAME_MAP.get(key.replace("-", ""), key.replace("-", "_")))
+
+
+def import_skypilot(csv_path: str | Path, catalog: Catalog, provider: str, as_of: str) -> tuple[list[dict], list[str]]:
+    """Rows of a SkyPilot vms.csv -> offer dicts for GPUs the catalog knows; plus what was skipped and why."""
+    offers, skipped = [], []
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        need = {"AcceleratorName", "AcceleratorCount", "Price"}
+        missing = need - set(reader.fieldnames or [])
+        if missing:
+            raise CatalogError(f"{csv_path} is not a SkyPilot vms.csv: missing columns {', '.join(sorted(missing))}.")
+        for i, row in enumerate(reader, start=2):
+            name = (row.get("AcceleratorName") or "").strip()
+            if not name:
+                continue  # CPU-only rows and GCP VM-part rows
+            gpu_id = normalize_gpu_name(name)
+            if gpu_id not in catalog.gpus:
+                skipped.append(f"line {i}: GPU {name!r} is not in the catalog")
+                continue
+            try:
+                count = int(float(row["AcceleratorCount"]))
+                price = float(row["Price"])
+            except (TypeError, ValueError):
+                skipped.append(f"line {i}: unreadable count or price")
+                continue
+            if count <= 0 or not price > 0 or price >= 700.0:  # 700.0 is GCP's "unavailable" sentinel
+                skipped.append(f"line {i}: no usable price ({row.get('Price')!r})")
+                continue
+            spot_txt = (row.get("SpotPrice") or "").strip()
+            spot = float(spot_txt) if spot_txt else 0.0
+            _check_gpuinfo(row.get("GpuInfo") or row.get("GPUInfo"), count, catalog.gpus[gpu_id], skipped, i)
+            region = (row.get("Region") or "").strip()
+            base = {"gpu": gpu_id, "provider": provider, "instance": (row.get("InstanceType") or "").strip() or None,
+                    "gpus_per_instance": count, "billing_minimum_hours": 0.0, "as_of": as_of,
+                    "source": f"skypilot:{Path(csv_path).name}", "note": f"region {region}" if region else None,
+                    "unverified": ["billing_minimum_hours"]}
+            offers.append({"id": f"{provider}-{gpu_id}-{count}x-{len(offers) + 1}",
+                           "price_per_instance_hour_usd": round(price, 4), "spot": False, **base})
+            if spot > 0 and abs(spot - price) > 1e-9:  # empty, 0.00 and == Price all mean "no spot price"
+                offers.append({"id": f"{provider}-{gpu_id}-{count}x-spot-{len(offers) + 1}",
+                               "price_per_instance_hour_usd": round(spot, 4), "spot": True, **base})
+    return offers, skipped
+
+
+def _check_gpuinfo(text: str | None, count: int, gpu: Gpu, skipped: list[str], line: int) -> None:
+    """GpuInfo is a Python literal (single quotes), read with ast.literal_eval; used only as a cross-check."""
+    if not text or "{" not in text:
+        return
+    try:
+        info = ast.literal_eval(text)
+        mib = float(info["Gpus"][0]["MemoryInfo"]["SizeInMiB"])
+    except (ValueError, SyntaxError, KeyError, IndexError, TypeError):
+        skipped.append(f"line {line}: GpuInfo unreadable (kept the offer; memory comes from the catalog)")
+        return
+    per_gpu_gib = {mib / 1024, mib / 1024 / count, mib * 1e9 / GiB / 1024}  # per GPU, total, or GB (RunPod)
+    marketed_gib = gpu.memory_gb_marketed * 1e9 / GiB
+    if not any(abs(x - marketed_gib) / marketed_gib < 0.15 or abs(x * 1024 - gpu.memory_gb_marketed) < 1
+               for x in per_gpu_gib):
+        skipped.append(f"line {line}: GpuInfo says {mib:.0f} MiB, far from {gpu.id}'s {gpu.memory_gb_marketed} GB "
+                       "(kept the offer; check the name mapping)")

@@ -1,0 +1,336 @@
+"""rentplan command line. Commands parse options, call one function, render. Torch is imported only
+inside the commands that run a pilot, so planning, sheets and ledger commands work without torch.
+
+    rentplan demo                       # pilot + plan + order sheet on built-in defaults
+    rentplan probe --micro-batch 1,2,4 --seq-len 256,512 --precision fp32,bf16
+    rentplan plan --campaign campaign.yaml --ledger rentplan.db --out rentplan-out
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+import pandas as pd
+
+from planner import __version__
+from planner.errors import InputError, RentplanError
+from planner.grid import GridSpec, build_grid, load_grid_file, on_off, parse_list, parse_params, positive_int
+from planner.ledger import Ledger, export_frame, read_lines
+from planner.records import PHASES
+from planner.tables import FORMATS, render
+from planner.units import fmt_bytes, fmt_seconds, parse_size
+
+
+def progress(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def friendly_errors(fn):
+    """Expected failures become `Error: ...` and exit 1; Ctrl-C exits 130 with a note."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RentplanError as e:
+            raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            click.echo("Interrupted: every line written so far is in the ledger; rerun the same command to "
+                       "continue where it stopped.", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def format_option(fn):
+    return click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+                        help="table/markdown for people, csv/json for machines.")(fn)
+
+
+def ledger_option(fn):
+    return click.option("--ledger", "ledger_path", default="rentplan.db", show_default=True,
+                        type=click.Path(dir_okay=False), help="SQLite ledger file.")(fn)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rentplan")
+def cli():
+    """rentplan: pilot your training loop, then pick the GPU rental (which, how many, how long, what cost)."""
+
+
+def main() -> None:
+    cli()
+
+
+# ---------------------------------------------------------------- probe
+
+def lines_view(df: pd.DataFrame, fmt: str) -> pd.DataFrame:
+    """Machine formats get every field in raw units; people get a readable subset."""
+    if fmt in ("csv", "json"):
+        return df.drop(columns=["seq"], errors="ignore")
+    view = pd.DataFrame({
+        "run": df["run_id"],
+        "config": [f"mb{r.micro_batch}×{r.seq_len} acc{r.grad_accum} {r.precision} {r.optimizer}"
+                   f"{' ckpt' if r.checkpointing else ''}{' cap=' + r.cap if r.cap else ''}" for r in df.itertuples()],
+        "phase": df["phase"],
+        "verdict": df["verdict"],
+        "mode": df["mode"],
+        "device": df["device"],
+        "alloc peak": df["peak_allocated_bytes"].map(fmt_bytes),
+        "reserved peak": df["peak_reserved_bytes"].map(fmt_bytes),
+        "device-level": df["device_used_bytes"].map(fmt_bytes),
+        "time": df["seconds"].map(fmt_seconds),
+        "per update": df["update_s"].map(fmt_seconds),
+        "detail": df["detail"].fillna("").str.slice(0, 60),
+    })
+    return view
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch  # only the commands that run pilots get here
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_cap(cap: str | None, catalog_path: str | None) -> tuple[str, int | None]:
+    """--cap GPU_ID (catalog usable memory less the CUDA context) or --cap SIZE (e.g. 300MiB)."""
+    if not cap:
+        return "", None
+    size = parse_size(cap)
+    if size is not None:
+        return cap, size
+    from planner.catalog import load_catalog
+
+    catalog = load_catalog(catalog_path)
+    gpu = catalog.gpu(cap)
+    return gpu.id, gpu.usable_bytes - catalog.context_bytes
+
+
+def grid_options(fn):
+    opts = [
+        click.option("--workload", "-w", default=None, help="builtin:gpt | builtin:classifier | file.py:fn | module:fn"),
+        click.option("--param", "-p", "params", multiple=True, help="workload parameter key=value (repeatable)."),
+        click.option("--micro-batch", default=None, help="comma list, e.g. 1,2,4"),
+        click.option("--seq-len", default=None, help="comma list, e.g. 256,512"),
+        click.option("--eval-seq-len", default=None, help="comma list; default: each seq-len"),
+        click.option("--eval-micro-batch", default=None, type=int, help="default: the micro-batch"),
+        click.option("--precision", default=None, help="comma list of fp32,bf16,fp16"),
+        click.option("--checkpointing", default=None, help="comma list of off,on"),
+        click.option("--optimizer", default=None, help="comma list of adamw,sgd"),
+        click.option("--grad-accum", default=None, help="comma list"),
+        click.option("--effective-batch", default=None, type=int,
+                     help="examples per update; sets grad-accum = N / micro-batch"),
+        click.option("--steady-updates", default=None, type=int, help="timed updates after the first (>= 3)"),
+        click.option("--lr", default=None, type=float),
+        click.option("--cap", default=None, help="cap memory at a catalog GPU's usable memory (GPU id) or a size"),
+        click.option("--catalog", "catalog_path", default=None, type=click.Path(dir_okay=False)),
+        click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N"),
+        click.option("--grid", "grid_file", default=None, type=click.Path(dir_okay=False),
+                     help="probe YAML file with the same keys as these options"),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def spec_from_options(o: dict) -> GridSpec:
+    data = load_grid_file(o["grid_file"]) if o.get("grid_file") else {}
+
+    def pick(key):
+        v = o.get(key)
+        return v if v not in (None, ()) else data.get(key)
+
+    cap_label, cap_bytes = resolve_cap(pick("cap"), o.get("catalog_path"))
+    params = parse_params(data.get("params")) if data.get("params") else {}
+    params.update(parse_params(list(o.get("params") or [])))
+    return GridSpec(
+        workload=pick("workload") or "builtin:gpt", params=params,
+        micro_batch=parse_list(pick("micro_batch"), positive_int, "--micro-batch"),
+        seq_len=parse_list(pick("seq_len"), positive_int, "--seq-len"),
+        eval_seq_len=parse_list(pick("eval_seq_len"), positive_int, "--eval-seq-len"),
+        eval_micro_batch=pick("eval_micro_batch"),
+        precision=parse_list(pick("precision"), str, "--precision"),
+        checkpointing=parse_list(pick("checkpointing"), on_off, "--checkpointing"),
+        optimizer=parse_list(pick("optimizer"), str, "--optimizer"),
+        grad_accum=parse_list(pick("grad_accum"), positive_int, "--grad-accum"),
+        effective_batch=pick("effective_batch"), steady_updates=pick("steady_updates") or 3,
+        lr=pick("lr") or 1e-4, cap=cap_label, cap_bytes=cap_bytes, device=resolve_device(o.get("device") or "auto"))
+
+
+def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: bool):
+    """Check the workload here (clear errors before any worker starts), then run the grid."""
+    from probes.runner import run_grid
+    from probes.workloads import load_workload
+
+    load_workload(spec.workload, spec.params)
+    configs = build_grid(spec)
+    progress(f"probe: {len(configs)} configuration(s) × {len(PHASES)} phases on {spec.device}; ledger {ledger_path}")
+    return run_grid(configs, ledger_path, timeout_s=timeout_s, retry_failed=retry_failed, progress=progress)
+
+
+@cli.command()
+@grid_options
+@ledger_option
+@click.option("--timeout", "timeout_s", default=900.0, show_default=True, help="seconds per worker before it is killed")
+@click.option("--retry-failed", is_flag=True, help="rerun configurations whose earlier run failed (new run ids)")
+@format_option
+@friendly_errors
+def probe(ledger_path, timeout_s, retry_failed, fmt, **opts):
+    """Run the pilot grid: every configuration through every phase, one ledger line per phase."""
+    spec = spec_from_options(opts)
+    result = run_probe(spec, ledger_path, timeout_s, retry_failed)
+    df = read_lines(ledger_path)
+    keys = {c.key() for c in build_grid(spec)}
+    df = df[df["config_key"].isin(keys)]
+    click.echo(render(lines_view(df, fmt), fmt))
+    if result.interrupted:
+        raise KeyboardInterrupt
+
+
+# ---------------------------------------------------------------- ledger
+
+@cli.group()
+def ledger():
+    """Show or export the ledger's lines (works without torch)."""
+
+
+@ledger.command("show")
+@ledger_option
+@click.option("--run", "run_id", default=None, help="only this run id")
+@click.option("--verdict", default=None, help="only lines with this verdict")
+@format_option
+@friendly_errors
+def ledger_show(ledger_path, run_id, verdict, fmt):
+    """Print the ledger's lines, oldest first."""
+    df = read_lines(ledger_path)
+    if run_id:
+        df = df[df["run_id"] == run_id]
+    if verdict:
+        df = df[df["verdict"] == verdict]
+    click.echo(render(lines_view(df, fmt), fmt))
+
+
+@ledger.command("export")
+@ledger_option
+@click.option("--to", "dest", required=True, type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default=None,
+              help="default: from the file's extension")
+@friendly_errors
+def ledger_export(ledger_path, dest, fmt):
+    """Write every line to CSV or JSONL (raw units: bytes, seconds)."""
+    fmt = fmt or ("jsonl" if dest.endswith((".jsonl", ".json")) else "csv")
+    df = read_lines(ledger_path).drop(columns=["seq"], errors="ignore")
+    export_frame(df, Path(dest), fmt)
+    progress(f"wrote {len(df)} lines to {dest}")
+
+
+# ---------------------------------------------------------------- catalog
+
+@cli.group()
+def catalog():
+    """List, show, validate and import GPU catalogs."""
+
+
+def catalog_path_option(fn):
+    return click.option("--catalog", "catalog_path", default=None, type=click.Path(dir_okay=False),
+                        help="default: the bundled catalog.yaml")(fn)
+
+
+@catalog.command("list")
+@catalog_path_option
+@format_option
+@friendly_errors
+def catalog_list(catalog_path, fmt):
+    """One row per GPU: memory, speed, features, cheapest offer."""
+    from planner.catalog import load_catalog
+
+    cat = load_catalog(catalog_path)
+    offers = cat.offers_frame()
+    rows = []
+    for g in cat.gpus.values():
+        mine = offers[offers["gpu"] == g.id] if len(offers) else offers
+        cheapest = mine.loc[mine["price_per_gpu_hour_usd"].idxmin()] if len(mine) else None
+        rows.append({
+            "gpu": g.id, "name": g.name, "usable GiB": round(g.usable_bytes / 2**30, 2),
+            "bf16 TFLOPS": g.bf16_dense_tflops, "TB/s": g.mem_bandwidth_tbps, "cc": g.compute_capability,
+            "bf16": g.bf16_supported, "fp8": g.fp8_supported, "offers": len(mine),
+            "from $/GPU-h": None if cheapest is None else round(float(cheapest["price_per_gpu_hour_usd"]), 3),
+            "cheapest at": None if cheapest is None else cheapest["provider"],
+            "unverified": len(g.unverified),
+        })
+    click.echo(render(pd.DataFrame(rows), fmt))
+
+
+@catalog.command("show")
+@click.argument("gpu_id")
+@catalog_path_option
+@format_option
+@friendly_errors
+def catalog_show(gpu_id, catalog_path, fmt):
+    """One GPU's specs, sources and every offer."""
+    from dataclasses import asdict
+
+    from planner.catalog import load_catalog
+
+    cat = load_catalog(catalog_path)
+    g = cat.gpu(gpu_id)
+    offers = cat.offers_frame()
+    offers = offers[offers["gpu"] == g.id].drop(columns=["gpu", "unverified"])
+    if fmt == "json":
+        click.echo(json.dumps({"gpu": asdict(g), "offers": json.loads(render(offers, "json"))}, indent=2))
+        return
+    spec = pd.DataFrame([{"field": k, "value": v} for k, v in asdict(g).items()])
+    click.echo(render(spec, fmt))
+    click.echo("")
+    click.echo(render(offers, fmt))
+
+
+@catalog.command("validate")
+@click.argument("path", required=False, type=click.Path(dir_okay=False))
+@friendly_errors
+def catalog_validate(path):
+    """Check a catalog file; every problem is listed at once."""
+    from planner.catalog import load_catalog
+
+    cat = load_catalog(path)
+    click.echo(f"OK: {cat.source}: {len(cat.gpus)} GPUs, {len(cat.offers)} offers.")
+
+
+@catalog.command("import")
+@click.option("--skypilot", "csv_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="a SkyPilot catalog vms.csv")
+@click.option("--provider", required=True, help="provider name for the imported offers, e.g. lambda")
+@click.option("--as-of", "as_of", required=True, help="date of the CSV snapshot (YYYY-MM-DD)")
+@catalog_path_option
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+              help="write the merged catalog here (default: print the new offers as YAML)")
+@friendly_errors
+def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
+    """Import offers from a SkyPilot vms.csv (prices per instance; GPU memory from this catalog)."""
+    import yaml
+
+    from planner.catalog import default_catalog_path, import_skypilot, load_catalog
+
+    cat = load_catalog(catalog_path)
+    offers, skipped = import_skypilot(csv_path, cat, provider, as_of)
+    for s in skipped:
+        progress(f"skipped {s}")
+    progress(f"imported {len(offers)} offers, skipped {len(skipped)} rows")
+    if not out_path:
+        click.echo(yaml.safe_dump({"offers": offers}, sort_keys=False))
+        return
+    src = Path(catalog_path) if catalog_path else default_catalog_path()
+    text = src.read_text().rstrip("\n") + "\n" + yaml.safe_dump(offers, sort_keys=False)
+    Path(out_path).write_text(text)
+    load_catalog(out_path)  # the merged file must validate
+    progress(f"wrote {out_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The probe grid: comma lists from options or a probe YAML file -> ProbeConfig records. No torch."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+import yaml
+
+from planner.errors import InputError
+from planner.records import OPTIMIZERS, PRECISIONS, ProbeConfig
+from planner.yamlsafe import Problems, load_yaml_file
+
+GRID_KEYS = {"workload", "params", "micro_batch", "seq_len", "eval_seq_len", "eval_micro_batch", "precision",
+             "checkpointing", "optimizer", "grad_accum", "effective_batch", "steady_updates", "lr", "cap",
+             "device", "timeout_s"}
+ON = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
+
+
+def parse_list(text: str | int | list | None, cast: Callable[[str], Any], what: str) -> list:
+    if text is None:
+        return []
+    items = text if isinstance(text, list) else str(text).split(",")
+    out = []
+    for item in items:
+        item = str(item).strip()
+        if not item:
+            continue
+        try:
+            out.append(cast(item))
+        except (ValueError, KeyError):
+            raise InputError(f"{what}: {item!r} is not valid.") from None
+    return out
+
+
+def positive_int(text: str) -> int:
+    v = int(text)
+    if v <= 0:
+        raise ValueError
+    return v
+
+
+def on_off(text: str) -> bool:
+    return ON[text.lower()]
+
+
+def parse_params(pairs: list[str] | dict | None) -> dict[str, Any]:
+    """--param key=value pairs, values read as YAML scalars (1e-4 -> float, true -> bool)."""
+    if isinstance(pairs, dict):
+        return dict(pairs)
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise InputError(f"--param {pair!r} must be key=value.")
+        key, value = pair.split("=", 1)
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+@dataclass
+class GridSpec:
+    workload: str = "builtin:gpt"
+    params: dict | None = None
+    micro_batch: list[int] | None = None
+    seq_len: list[int] | None = None
+    eval_seq_len: list[int] | None = None
+    eval_micro_batch: int | None = None
+    precision: list[str] | None = None
+    checkpointing: list[bool] | None = None
+    optimizer: list[str] | None = None
+    grad_accum: list[int] | None = None
+    effective_batch: int | None = None
+    steady_updates: int = 3
+    lr: float = 1e-4
+    cap: str = ""
+    cap_bytes: int | None = None
+    device: str = "cpu"
+
+
+def build_grid(spec: GridSpec) -> list[ProbeConfig]:
+    """Cartesian product of the lists. eval_seq_len defaults to seq_len; grad_accum from effective_batch."""
+    micro = spec.micro_batch or [1]
+    seqs = spec.seq_len or [128]
+    precisions = spec.precision or ["fp32"]
+    for p in precisions:
+        if p not in PRECISIONS:
+            raise InputError(f"precision {p!r} is not one of {', '.join(PRECISIONS)}.")
+    optimizers = spec.optimizer or ["adamw"]
+    for o in optimizers:
+        if o not in OPTIMIZERS:
+            raise InputError(f"optimizer {o!r} is not one of {', '.join(OPTIMIZERS)}.")
+    if spec.steady_updates < 3:
+        raise InputError("steady_updates must be at least 3 (the median needs a few timed updates).")
+    if spec.effective_batch and spec.grad_accum:
+        raise InputError("give --effective-batch or --grad-accum, not both (one determines the other).")
+    configs = []
+    for mb, seq, prec, ckpt, opt in itertools.product(micro, seqs, precisions, spec.checkpointing or [False],
+                                                      optimizers):
+        if spec.effective_batch:
+            if spec.effective_batch % mb:
+                raise InputError(
+                    f"effective batch {spec.effective_batch} is not divisible by micro-batch {mb}: "
+                    f"grad_accum would not be whole, and the examples per update would change. "
+                    f"Use micro-batches that divide {spec.effective_batch}.")
+            accums = [spec.effective_batch // mb]
+        else:
+            accums = spec.grad_accum or [1]
+        for acc in accums:
+            for eval_seq in spec.eval_seq_len or [seq]:
+                configs.append(ProbeConfig(
+                    workload=spec.workload, params_json=json.dumps(spec.params or {}, sort_keys=True),
+                    micro_batch=mb, seq_len=seq, eval_seq_len=eval_seq, eval_micro_batch=spec.eval_micro_batch or mb,
+                    grad_accum=acc, precision=prec, checkpointing=ckpt, optimizer=opt, lr=spec.lr,
+                    steady_updates=spec.steady_updates, cap=spec.cap, cap_bytes=spec.cap_bytes, device=spec.device))
+    return configs
+
+
+def load_grid_file(path: str) -> dict[str, Any]:
+    """A probe YAML file: the same keys as the options (lists or comma strings)."""
+    data = load_yaml_file(path, "probe grid")
+    problems = Problems(str(path))
+    if not isinstance(data, dict):
+        problems.add("", "must be a mapping of option names to values")
+        problems.raise_if_any()
+    problems.unknown_keys("", data, GRID_KEYS)
+    problems.raise_if_any()
+    return data
+
+
+GRID_FIELDS = [f.name for f in fields(GridSpec)]

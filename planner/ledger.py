@@ -1,0 +1,141 @@
+"""The ledger: an append-only SQLite table of lines. Nothing is ever updated or deleted.
+
+Each line is its own transaction with synchronous=FULL, so a line counts as written only once it is on
+disk; a crash loses at most the line being written. pandas reads it for the planner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from planner.errors import LedgerError
+from planner.records import FAILED, LINE_FIELDS, PHASES, Line, Verdict
+
+SCHEMA_VERSION = 1
+
+_SQL_TYPES = {int: "INTEGER", float: "REAL", str: "TEXT", bool: "INTEGER"}
+
+
+def _column_type(f: dataclasses.Field) -> str:
+    t = str(f.type)
+    for name, sql in (("bool", "INTEGER"), ("int", "INTEGER"), ("float", "REAL")):
+        if t.startswith(name):
+            return sql
+    return "TEXT"
+
+
+_COLUMNS = {f.name: _column_type(f) for f in dataclasses.fields(Line)}
+
+
+def new_id(prefix: str = "r") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+class Ledger:
+    """A handle on one ledger file. Use as a context manager."""
+
+    def __init__(self, path: str | Path, create: bool = True):
+        self.path = Path(path)
+        if not create and not self.path.exists():
+            raise LedgerError(f"no ledger at {self.path}. Run `rentplan probe` first, or pass --ledger PATH.")
+        try:
+            self.db = sqlite3.connect(str(self.path), timeout=30)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self._ensure_schema()
+        except sqlite3.DatabaseError as e:
+            raise LedgerError(f"{self.path} is not a rentplan ledger ({e}). Pass another --ledger PATH.") from e
+
+    def _ensure_schema(self) -> None:
+        cols = ", ".join(f"{name} {sql}" for name, sql in _COLUMNS.items())
+        with self.db:
+            self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS lines (seq INTEGER PRIMARY KEY AUTOINCREMENT, {cols})")
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            self.db.execute("CREATE INDEX IF NOT EXISTS lines_config ON lines (config_key)")
+            # Columns added by later versions of Line are appended, never rewritten.
+            have = {r[1] for r in self.db.execute("PRAGMA table_info(lines)")}
+            for name, sql in _COLUMNS.items():
+                if name not in have:
+                    self.db.execute(f"ALTER TABLE lines ADD COLUMN {name} {sql}")
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def append(self, line: Line) -> None:
+        row = line.to_dict()
+        names = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        with self.db:  # one transaction per line: committed (and fsynced) before we return
+            self.db.execute(f"INSERT INTO lines ({names}) VALUES ({marks})", list(row.values()))
+
+    def extend(self, lines: Iterable[Line]) -> None:
+        for line in lines:
+            self.append(line)
+
+    def frame(self) -> pd.DataFrame:
+        """Every line, oldest first, as a DataFrame with the Line fields as columns."""
+        df = pd.read_sql_query("SELECT * FROM lines ORDER BY seq", self.db)
+        if "checkpointing" in df:
+            df["checkpointing"] = df["checkpointing"].astype(bool)
+        return df
+
+    def run_status(self) -> dict[str, dict]:
+        """config_key -> {'state': done|failed|incomplete, 'runs': [...]}, from the newest attempt."""
+        rows = self.db.execute("SELECT config_key, run_id, phase, verdict FROM lines ORDER BY seq").fetchall()
+        runs: dict[str, dict[str, list[tuple[str, str]]]] = {}
+        for key, run_id, phase, verdict in rows:
+            runs.setdefault(key, {}).setdefault(run_id, []).append((phase, verdict))
+        status = {}
+        for key, by_run in runs.items():
+            states = [run_state(lines) for lines in by_run.values()]
+            state = "done" if "done" in states else ("failed" if "failed" in states else "incomplete")
+            status[key] = {"state": state, "runs": list(by_run)}
+        return status
+
+
+def run_state(lines: list[tuple[str, str]]) -> str:
+    """done: every phase ended ok; failed: a phase ended in a failure verdict; else incomplete."""
+    verdicts = {v for _, v in lines}
+    if Verdict.INTERRUPTED.value in verdicts:
+        return "incomplete"
+    if verdicts & {v.value for v in FAILED}:
+        return "failed"
+    phases_ok = {p for p, v in lines if v == Verdict.OK.value}
+    if all(p in phases_ok for p in PHASES):
+        return "done"
+    return "incomplete"
+
+
+def read_lines(path: str | Path) -> pd.DataFrame:
+    with Ledger(path, create=False) as led:
+        return led.frame()
+
+
+def export_frame(df: pd.DataFrame, path: Path, fmt: str) -> None:
+    """CSV or JSONL, unknown values as empty / null (never NaN)."""
+    clean = df.astype(object).where(pd.notna(df), None)
+    if fmt == "csv":
+        clean.to_csv(path, index=False)
+    elif fmt == "jsonl":
+        with open(path, "w") as f:
+            for rec in clean.to_dict(orient="records"):
+                f.write(json.dumps(rec) + "\n")
+    else:
+        raise LedgerError(f"unknown export format {fmt!r}: use csv or jsonl.")
+
+
+__all__ = ["Ledger", "LINE_FIELDS", "new_id", "read_lines", "export_frame", "run_state"]

@@ -1,0 +1,53 @@
+"""Units: bytes and seconds inside, GiB/MiB and hours only when printing. GiB = 2**30, GB = 1e9."""
+
+from __future__ import annotations
+
+import math
+import re
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+GB = 10**9
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$", re.IGNORECASE)
+_FACTORS = {
+    "b": 1, "kib": KiB, "mib": MiB, "gib": GiB, "tib": 1024**4,
+    "kb": 10**3, "mb": 10**6, "gb": GB, "tb": 10**12,
+}
+
+
+def parse_size(text: str) -> int | None:
+    """'300MiB' -> bytes; None when the text is not a size (so callers can try a GPU id instead)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        return None
+    return int(float(m.group(1)) * _FACTORS[(m.group(2) or "B").lower()])
+
+
+def fmt_bytes(n: float | int | None) -> str:
+    """Human figure for a byte count: GiB above 1 GiB, else MiB, else KiB; '' when unknown."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return ""
+    n = float(n)
+    if abs(n) >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    if abs(n) >= MiB:
+        return f"{n / MiB:.1f} MiB"
+    return f"{n / KiB:.1f} KiB"
+
+
+def fmt_seconds(s: float | None) -> str:
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return ""
+    if s < 1:
+        return f"{s * 1000:.1f} ms"
+    if s < 120:
+        return f"{s:.2f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def is_missing(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))

@@ -1,0 +1,133 @@
+"""YAML loading that refuses what it should: unsafe tags, duplicate keys, aliases (YAML bombs), huge files.
+
+Validation helpers collect every problem with its key path, so one `Error:` names them all at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planner.errors import InputError
+
+MAX_YAML_BYTES = 2 * 1024 * 1024
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader (no python/* tags) + duplicate keys are errors + no anchors/aliases."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+class _NoAliasComposer(_StrictLoader):
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.events.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "anchors and aliases are not allowed here "
+                                              "(they allow YAML bombs); write the values out", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def load_yaml_text(text: str, source: str) -> Any:
+    if len(text.encode()) > MAX_YAML_BYTES:
+        raise InputError(f"{source} is larger than {MAX_YAML_BYTES // 1024} KiB; refusing to parse it.")
+    try:
+        return yaml.load(text, Loader=_NoAliasComposer)  # noqa: S506  the loader is a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise InputError(f"{source} is not valid YAML: {_yaml_message(e)}") from None
+
+
+def load_yaml_file(path: str | Path, what: str) -> Any:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{what} file {p} not found.")
+    size = p.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise InputError(f"{p} is {size} bytes, over the {MAX_YAML_BYTES // 1024} KiB limit for {what} files.")
+    return load_yaml_text(p.read_text(), str(p))
+
+
+def _yaml_message(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+    problem = getattr(e, "problem", None) or str(e)
+    if "could not determine a constructor" in str(problem) or "python/" in str(problem):
+        problem = f"unsafe or unknown tag refused: {problem}"
+    return f"{problem}{where}"
+
+
+class Problems:
+    """Collects every validation problem with its key path; raise once at the end."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.items: list[str] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.items.append(f"{path}: {message}" if path else message)
+
+    def unknown_keys(self, path: str, data: dict, allowed: set[str] | list[str]) -> None:
+        for key in data:
+            if key not in allowed:
+                hint = difflib.get_close_matches(str(key), list(allowed), n=1)
+                extra = f" (did you mean {hint[0]!r}?)" if hint else f" (allowed: {', '.join(sorted(allowed))})"
+                self.add(_join(path, key), f"unknown key{extra}")
+
+    def require(self, path: str, data: dict, keys: list[str]) -> None:
+        for key in keys:
+            if key not in data or data[key] is None:
+                self.add(_join(path, key), "missing")
+
+    def number(self, path: str, value: Any, *, positive: bool = False, allow_zero: bool = False,
+               integer: bool = False) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.add(path, f"must be a number, got {value!r} ({type(value).__name__})")
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            self.add(path, f"must be finite, got {value!r}")
+            return None
+        if integer and not float(value).is_integer():
+            self.add(path, f"must be a whole number, got {value!r}")
+            return None
+        if positive and (value < 0 or (value == 0 and not allow_zero)):
+            self.add(path, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+            return None
+        return value
+
+    def text(self, path: str, value: Any) -> str | None:
+        if not isinstance(value, str) or not value.strip():
+            self.add(path, f"must be a non-empty string, got {value!r} ({type(value).__name__})")
+            return None
+        return value
+
+    def boolean(self, path: str, value: Any) -> bool | None:
+        if not isinstance(value, bool):
+            self.add(path, f"must be true or false, got {value!r}")
+            return None
+        return value
+
+    def raise_if_any(self, error_cls: type[InputError] = InputError) -> None:
+        if self.items:
+            n = len(self.items)
+            lines = "\n".join(f"  - {p}" for p in self.items)
+            raise error_cls(f"{self.source} has {n} problem{'s' if n > 1 else ''}:\n{lines}")
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)

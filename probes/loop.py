@@ -1,0 +1,195 @@
+"""The one training loop that probes, checks and campaigns share.
+
+An update = the micro-batches of one accumulation window. Each micro-batch's loss (a mean over its
+counted targets) is weighted by its share of the window's counted targets, so the accumulated gradient
+equals the gradient of one batch holding them all, ragged last windows included. With fp16 the scaler
+unscales once before clipping and steps/updates once per update; bf16 has no scaler; the scheduler
+steps once per optimizer update.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass
+
+import torch
+
+from planner.records import ProbeConfig
+from probes.workloads import count_targets
+
+WARMUP_UPDATES = 10
+CLIP_NORM = 1.0
+SCALE_FLOOR = 1.0 / 2**14  # a loss scale driven this low means fp16 is overflowing on every step
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class NonFinite(RuntimeError):
+    def __init__(self, update: int, what: str = "loss"):
+        super().__init__(f"non-finite {what} at update {update}")
+        self.update = update
+
+
+class ResumeError(RuntimeError):
+    """A checkpoint that cannot restore the exact training state."""
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+def warmup_lambda(update: int) -> float:
+    return min(1.0, (update + 1) / WARMUP_UPDATES)
+
+
+@dataclass
+class UpdateResult:
+    loss: float
+    targets: int
+    micro_batches: int
+
+
+class Trainer:
+    """Model, optimizer, scheduler and scaler for one configuration, with exact-resume state."""
+
+    def __init__(self, workload, cfg: ProbeConfig, device: torch.device, split: str = "train"):
+        self.workload, self.cfg, self.device, self.split = workload, cfg, device, split
+        if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise RuntimeError("bf16 is not supported on this GPU (needs sm_80+); use fp16 or fp32")
+        with torch.device(device):
+            self.model = workload.build_model()
+        self.model.to(device)  # parameters created on the CPU by a workload that ignores the context
+        if cfg.checkpointing:
+            if not hasattr(self.model, "gradient_checkpointing_enable"):
+                raise RuntimeError("checkpointing=on but the model has no gradient_checkpointing_enable()")
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if cfg.optimizer == "adamw":
+            self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, foreach=True)
+        elif cfg.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(params, lr=cfg.lr, foreach=True)
+        else:
+            raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_lambda)
+        self.scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+        self.amp_dtype = AMP_DTYPES.get(cfg.precision)
+        self.update = 0  # optimizer updates done
+        self.position = 0  # index of the next micro-batch in the data stream
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
+
+    def batch(self, index: int, split: str | None = None, micro_batch: int | None = None,
+              seq_len: int | None = None) -> dict:
+        b = self.workload.make_batch(split or self.split, index, micro_batch or self.cfg.micro_batch,
+                                     seq_len or self.cfg.seq_len)
+        return b
+
+    def train_update(self, indices: list[int] | None = None) -> UpdateResult:
+        """One optimizer update over the micro-batches `indices` (default: the next grad_accum)."""
+        if indices is None:
+            indices = list(range(self.position, self.position + self.cfg.grad_accum))
+        batches = [self.batch(i) for i in indices]
+        counts = [count_targets(self.workload, b) for b in batches]
+        total = sum(counts)
+        if total <= 0:
+            raise RuntimeError(f"update {self.update + 1}: no counted target in its micro-batches {indices}")
+        loss_sum = 0.0
+        for b, n in zip(batches, counts):
+            with self.autocast():
+                loss = self.workload.compute_loss(self.model, to_device(b, self.device))
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise NonFinite(self.update + 1)
+            weighted = loss * (n / total)  # mean over the window's counted targets, not naive /K
+            (self.scaler.scale(weighted) if self.scaler else weighted).backward()
+            loss_sum += value * n
+            del loss, weighted
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)  # once, right before clipping
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP_NORM)
+        if self.scaler:
+            self.scaler.step(self.optimizer)  # skips the step itself when grads overflowed
+            self.scaler.update()
+            if self.scaler.get_scale() < SCALE_FLOOR:
+                raise NonFinite(self.update + 1, "gradients (fp16 loss scale collapsed)")
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.update += 1
+        self.position = indices[-1] + 1
+        return UpdateResult(loss_sum / total, total, len(indices))
+
+    @torch.no_grad()
+    def evaluate(self, micro_batch: int, seq_len: int, index: int = 0, split: str = "val") -> float:
+        self.model.eval()
+        try:
+            b = to_device(self.batch(index, split, micro_batch, seq_len), self.device)
+            with self.autocast():
+                loss = self.workload.compute_loss(self.model, b)
+            return float(loss)
+        finally:
+            self.model.train()
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # --- checkpoints: everything needed to continue exactly, loadable with weights_only=True ---
+
+    def state_dict(self) -> dict:
+        rng = {"torch": torch.get_rng_state(), "python": list_state(random.getstate())}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {
+            "format": "rentplan-checkpoint/1",
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "rng": rng,
+            "update": self.update,
+            "position": self.position,
+        }
+
+    def save(self, path: str) -> int:
+        tmp = f"{path}.tmp-{os.getpid()}"
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, path)  # a crash mid-save never leaves a half-written checkpoint under the name
+        return os.path.getsize(path)
+
+    def load(self, path: str) -> None:
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        self.load_state_dict(state)
+
+    def load_state_dict(self, state: dict) -> None:
+        required = ["model", "optimizer", "scheduler", "rng", "update", "position"]
+        missing = [k for k in required if k not in state]
+        if self.scaler is not None and not state.get("scaler"):
+            missing.append("scaler")
+        if "rng" in state and "torch" not in state["rng"]:
+            missing.append("rng.torch")
+        if missing:
+            raise ResumeError(f"checkpoint cannot restore the exact state: missing {', '.join(missing)}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng"]["torch"].cpu())
+        random.setstate(tuple_state(state["rng"]["python"]))
+        if "cuda" in state["rng"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), self.device)
+        self.update = int(state["update"])
+        self.position = int(state["position"])
+
+
+def list_state(state):
+    """random.getstate() as nested lists (plain types only, so weights_only loads it without allowlists)."""
+    return [list_state(s) if isinstance(s, tuple) else s for s in state]
+
+
+def tuple_state(state):
+    return tuple(tuple_state(s) if isinstance(s, list) else s for s in state)

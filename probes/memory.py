@@ -1,0 +1,133 @@
+"""Memory counters per phase: CUDA allocator statistics, or an exact live-tensor tracker on CPU.
+
+CPU has no caching allocator, so "allocated" is the exact sum of live tensor storages, counted by a
+dispatch mode that sees every storage an op creates and a weakref finalizer that sees it die. There is
+no reserved pool on CPU: that counter stays None. Process RSS (VmHWM, reset per phase) is the
+device-level figure. The same tracker runs under FakeTensorMode for estimates.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Counts live tensor-storage bytes exactly; raises torch.OutOfMemoryError past `cap_bytes`."""
+
+    def __init__(self, cap_bytes: int | None = None):
+        super().__init__()
+        self.cap_bytes = cap_bytes
+        self.live = 0
+        self.peak = 0
+        self.ops = 0
+        self._sizes: dict[int, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops += 1
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t)
+        if self.live > self.peak:
+            self.peak = self.live
+        if self.cap_bytes is not None and self.live > self.cap_bytes:
+            # `out` is released as the exception unwinds, so the count drops back by itself.
+            raise torch.OutOfMemoryError(
+                f"CPU cap exceeded: {self.live} live tensor bytes > cap {self.cap_bytes} bytes (rentplan --cap)")
+        return out
+
+    def _track(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = id(st)
+        if key in self._sizes:
+            return
+        n = st.nbytes()
+        self._sizes[key] = n
+        self.live += n
+        weakref.finalize(st, self._release, key)
+
+    def _release(self, key: int) -> None:
+        self.live -= self._sizes.pop(key, 0)
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+
+def read_vm_hwm() -> int | None:
+    """Peak resident set size of this process since the last reset, in bytes (Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_vm_hwm() -> None:
+    try:  # writing 5 to clear_refs resets the peak RSS counter (Linux >= 4.0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+class PhaseMeter:
+    """Start/stop memory accounting around one phase on the worker's device."""
+
+    def __init__(self, device: torch.device, tracker: LiveTensorTracker | None):
+        self.device = device
+        self.tracker = tracker
+        self.cuda = device.type == "cuda"
+        self._ooms0 = 0
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def start(self) -> dict:
+        """Synchronize, reset the peaks, and return the baseline before the phase."""
+        gc.collect()
+        self.synchronize()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._ooms0 = torch.cuda.memory_stats(self.device).get("num_ooms", 0)
+            return {"baseline_allocated_bytes": torch.cuda.memory_allocated(self.device)}
+        reset_vm_hwm()
+        if self.tracker is not None:
+            self.tracker.reset_peak()
+            return {"baseline_allocated_bytes": self.tracker.live}
+        return {}
+
+    def stop(self) -> dict:
+        """Synchronize and read the phase's peaks. Allocated and reserved stay separate."""
+        self.synchronize()
+        if self.cuda:
+            free, total = torch.cuda.mem_get_info(self.device)
+            reserved_now = torch.cuda.memory_reserved(self.device)
+            return {
+                "peak_allocated_bytes": torch.cuda.max_memory_allocated(self.device),
+                "peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device),
+                "device_used_bytes": total - free,
+                "context_bytes": max(0, total - free - reserved_now),
+                "num_ooms_delta": torch.cuda.memory_stats(self.device).get("num_ooms", 0) - self._ooms0,
+            }
+        out = {"peak_reserved_bytes": None, "device_used_bytes": read_vm_hwm() or _rss()}
+        if self.tracker is not None:
+            out["peak_allocated_bytes"] = self.tracker.peak
+        return out
+
+
+def _rss() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return None

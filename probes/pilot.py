@@ -1,0 +1,194 @@
+"""One pilot of one configuration, phase by phase, in the current process (a worker).
+
+Each phase: synchronize and reset the peaks, record the baseline, run, synchronize, read the peaks.
+A phase that fails (OOM, non-finite loss, exception) still yields its line; later phases are not run.
+`emit(kind, payload)` sends ("env", dict), ("phase", name) and ("line", dict) to the parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import socket
+import statistics
+import time
+import traceback
+from datetime import datetime, timezone
+from typing import Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from planner.records import Line, ProbeConfig, Verdict
+from probes.loop import NonFinite, Trainer
+from probes.memory import LiveTensorTracker, PhaseMeter
+from probes.workloads import load_workload
+
+Emit = Callable[[str, object], None]
+TRAIN_WORKER_PHASES = ("setup", "first_step", "steady", "eval", "save", "export")
+RESUME_WORKER_PHASES = ("resume",)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def environment(device: torch.device) -> dict:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        name, total = props.name, props.total_memory
+    else:
+        name = cpu_name()
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {
+        "device": str(device), "device_name": name, "device_total_bytes": int(total),
+        "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+        "host": socket.gethostname(),
+    }
+
+
+def is_oom(exc: BaseException) -> bool:
+    """OOM from the CUDA/CPU allocator, the cap tracker, cuBLAS or HIP, recognised by type or message."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc)
+    return any(s in text for s in (
+        "CUDA out of memory", "out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+        "HIP out of memory", "DefaultCPUAllocator: can't allocate memory", "not enough memory",
+    ))
+
+
+def last_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return text[-1][:500] if text else type(exc).__name__
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+class Pilot:
+    """Holds the state one phase hands to the next."""
+
+    def __init__(self, cfg: ProbeConfig, workdir: str, emit: Emit, run_id: str, probe_id: str):
+        self.cfg, self.workdir, self.emit = cfg, workdir, emit
+        self.run_id, self.probe_id = run_id, probe_id
+        self.device = torch.device(cfg.device)
+        self.workload = load_workload(cfg.workload, json.loads(cfg.params_json))
+        self.env = environment(self.device)
+        emit("env", self.env)
+        self.tracker = LiveTensorTracker(cfg.cap_bytes) if self.device.type == "cpu" else None
+        if self.device.type == "cuda" and cfg.cap_bytes:
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.cap_bytes / self.env["device_total_bytes"]),
+                                                       self.device)
+        self.meter = PhaseMeter(self.device, self.tracker)
+        self.trainer: Trainer | None = None
+        self.losses: list[float] = []
+
+    @property
+    def ckpt_path(self) -> str:
+        return os.path.join(self.workdir, f"{self.run_id}.ckpt.pt")
+
+    # --- phases: each returns the observed fields it adds to its line ---
+
+    def setup(self) -> dict:
+        self.trainer = Trainer(self.workload, self.cfg, self.device)
+        params = list(self.trainer.model.parameters())
+        return {
+            "param_count": sum(p.numel() for p in params),
+            "trainable_param_count": sum(p.numel() for p in params if p.requires_grad),
+            "param_bytes": sum(p.numel() * p.element_size() for p in params),
+        }
+
+    def first_step(self) -> dict:
+        # FLOPs are counted on this first update; memory is unaffected (the counter holds no tensors).
+        with FlopCounterMode(display=False) as fc:
+            res = self.trainer.train_update()
+        self.losses.append(res.loss)
+        opt_bytes = sum(t.numel() * t.element_size() for s in self.trainer.optimizer.state.values()
+                        for t in s.values() if isinstance(t, torch.Tensor))
+        return {"flops_per_update": float(fc.get_total_flops()), "optimizer_state_bytes": opt_bytes,
+                "loss_first": res.loss, "loss_last": res.loss}
+
+    def steady(self) -> dict:
+        times, ops0 = [], self.tracker.ops if self.tracker else 0
+        for _ in range(self.cfg.steady_updates):
+            self.meter.synchronize()
+            t0 = time.perf_counter()
+            res = self.trainer.train_update()
+            self.meter.synchronize()  # GPU work is asynchronous: stop the clock only when it is done
+            times.append(time.perf_counter() - t0)
+            self.losses.append(res.loss)
+        ops = (self.tracker.ops - ops0) // max(1, len(times)) if self.tracker else None
+        return {"update_times_s": json.dumps(times), "update_s": _median(times), "ops_per_update": ops,
+                "loss_first": self.losses[0], "loss_last": self.losses[-1]}
+
+    def eval(self) -> dict:
+        loss = self.trainer.evaluate(self.cfg.eval_micro_batch, self.cfg.eval_seq_len)
+        return {"loss_last": loss}
+
+    def save(self) -> dict:
+        return {"checkpoint_bytes": self.trainer.save(self.ckpt_path)}
+
+    def export(self) -> dict:
+        from safetensors.torch import save_model
+
+        path = os.path.join(self.workdir, f"{self.run_id}.model.safetensors")
+        save_model(self.trainer.model, path)  # weights only; shared tensors handled by safetensors
+        return {"checkpoint_bytes": os.path.getsize(path)}
+
+    def resume(self) -> dict:
+        # A fresh process: build, load the full checkpoint (weights_only=True), take one update.
+        self.trainer = Trainer(self.workload, self.cfg, self.device)
+        self.trainer.load(self.ckpt_path)
+        expected = 1 + self.cfg.steady_updates
+        if self.trainer.update != expected:
+            raise RuntimeError(f"resumed at update {self.trainer.update}, expected {expected}")
+        res = self.trainer.train_update()
+        return {"loss_first": res.loss, "loss_last": res.loss,
+                "detail": f"resumed at update {expected}, position {self.trainer.position - self.cfg.grad_accum}"}
+
+    # --- running ---
+
+    def run(self, phases: tuple[str, ...]) -> bool:
+        """Run phases in order; stop after the first that does not end ok. True when all ended ok."""
+        with self.tracker if self.tracker is not None else contextlib.nullcontext():
+            for phase in phases:
+                if not self._run_phase(phase):
+                    return False
+        return True
+
+    def _run_phase(self, phase: str) -> bool:
+        self.emit("phase", phase)
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        fields: dict = dict(self.meter.start())
+        t0 = time.perf_counter()
+        verdict, detail = Verdict.OK, ""
+        try:
+            fields.update(getattr(self, phase)())
+        except NonFinite as e:
+            verdict, detail = Verdict.NONFINITE, str(e)
+            fields["nonfinite_update"] = e.update
+        except Exception as e:  # noqa: BLE001  every failure becomes a verdict on the line
+            verdict = Verdict.OOM if is_oom(e) else Verdict.ERROR
+            detail = last_line(e)
+            if verdict is Verdict.ERROR and os.environ.get("RENTPLAN_DEBUG"):
+                traceback.print_exc()
+        self.meter.synchronize()
+        seconds = time.perf_counter() - t0
+        fields.update(self.meter.stop())
+        fields["seconds"] = seconds
+        fields["detail"] = fields.get("detail") or detail
+        line = Line.from_config(self.cfg, run_id=self.run_id, probe_id=self.probe_id, phase=phase,
+                                verdict=verdict.value, started_at=started, **self.env, **fields)
+        self.emit("line", line.to_dict())
+        return verdict is Verdict.OK

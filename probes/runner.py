@@ -1,0 +1,259 @@
+"""Runs a grid of configurations, each in its own worker process, and writes every line to the ledger.
+
+Workers are forked from a forkserver that has torch preloaded, so a fresh process per configuration
+is cheap. The parent is the only ledger writer: a worker sends each line as its phase ends, and the
+parent commits it at once. A worker that dies (OOM-killer, SIGKILL, segfault), hangs past the timeout
+or is interrupted still gets a line for the phase it was in; phases it never reached are `skipped`.
+Rerunning skips finished configurations; failed ones rerun only with retry_failed, under a new run id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from planner.ledger import Ledger, new_id
+from planner.records import PHASES, Line, ProbeConfig, Verdict
+
+DEFAULT_TIMEOUT_S = 900.0
+_CTX = None
+
+
+def _context():
+    global _CTX
+    if _CTX is None:
+        _CTX = mp.get_context("forkserver")
+        _CTX.set_forkserver_preload(["probes.warm"])
+    return _CTX
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """Workers never need the parent's __main__ (a pytest runner, a console script); without this the
+    forkserver would re-import it in every worker, or refuse when it is not import-safe."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    try:
+        for k in saved:
+            if k == "__spec__":
+                main.__spec__ = None
+            else:
+                del main.__dict__[k]
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
+
+
+def _worker_main(phases: tuple[str, ...], cfg_dict: dict, workdir: str, run_id: str, probe_id: str, conn) -> None:
+    os.setpgrp()  # own process group: the parent can kill the worker and anything it started
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    from probes.pilot import Pilot
+
+    def emit(kind, payload):
+        conn.send((kind, payload))
+
+    try:
+        cfg = ProbeConfig(**cfg_dict)
+        Pilot(cfg, workdir, emit, run_id, probe_id).run(phases)
+    except BaseException as e:  # noqa: BLE001  a setup failure before any phase: report, do not hide
+        from probes.pilot import last_line
+
+        conn.send(("fatal", last_line(e)))
+    finally:
+        conn.send(("done", None))
+        conn.close()
+
+
+@dataclass
+class WorkerOutcome:
+    lines: list[dict] = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+    in_flight: str | None = None
+    fatal: str = ""
+    verdict: Verdict | None = None  # set when the process itself failed (killed, timeout, interrupted)
+    detail: str = ""
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _run_worker(phases, cfg: ProbeConfig, workdir: str, run_id: str, probe_id: str, timeout_s: float,
+                on_line: Callable[[dict], None], on_phase: Callable[[str], None]) -> WorkerOutcome:
+    ctx = _context()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_worker_main, args=(phases, dataclasses.asdict(cfg), workdir, run_id, probe_id, child))
+    with _main_module_hidden():
+        proc.start()
+    child.close()
+    out = WorkerOutcome()
+    deadline = time.monotonic() + timeout_s
+    done = False
+    try:
+        while not done:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                out.verdict, out.detail = Verdict.TIMEOUT, f"no progress within the {timeout_s:.0f} s timeout"
+                break
+            if parent.poll(min(left, 0.5)):
+                try:
+                    kind, payload = parent.recv()
+                except (EOFError, OSError):
+                    break  # the worker died: its exit code says how
+                if kind == "env":
+                    out.env = payload
+                elif kind == "phase":
+                    out.in_flight = payload
+                    on_phase(payload)
+                elif kind == "line":
+                    out.lines.append(payload)
+                    out.in_flight = None
+                    on_line(payload)
+                elif kind == "fatal":
+                    out.fatal = payload
+                elif kind == "done":
+                    done = True
+            elif not proc.is_alive() and not parent.poll():
+                break
+    except KeyboardInterrupt:
+        out.verdict, out.detail = Verdict.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM)"
+    finally:
+        if not done:
+            _kill(proc)
+        proc.join(10)
+        parent.close()
+    if out.verdict is None and not done:
+        code = proc.exitcode
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            out.verdict, out.detail = Verdict.KILLED, f"killed by signal {-code} ({name})"
+        else:
+            out.verdict, out.detail = Verdict.ERROR, f"worker exited with code {code} without a line"
+    return out
+
+
+def _kill(proc) -> None:
+    if proc.pid is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.kill()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _missing_lines(cfg: ProbeConfig, phases, out: WorkerOutcome, run_id: str, probe_id: str, env: dict,
+                   cause: tuple[str, str] | None = None) -> list[Line]:
+    """Lines the worker could not write. Phases run in order, so the first missing phase is the one in
+    flight when the worker failed; it gets the failure's verdict and the phases after it are `skipped`."""
+    written = {ln["phase"] for ln in out.lines}
+    if cause is None:
+        cause = next(((ln["phase"], ln["verdict"]) for ln in out.lines if ln["verdict"] != Verdict.OK.value), None)
+    base_env = {"device": cfg.device, "device_name": "", "device_total_bytes": None, "torch_version": "",
+                "cuda_version": None, "host": ""}
+    base_env.update({k: v for k, v in env.items() if k in base_env})
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    lines = []
+    for phase in (p for p in phases if p not in written):
+        if cause is None:
+            verdict = out.verdict or Verdict.ERROR
+            detail = out.detail or out.fatal or "worker ended without a line"
+            cause = (phase, verdict.value)
+        elif cause[1] == Verdict.INTERRUPTED.value:
+            break  # an interrupted run is incomplete, not failed: it reruns next time
+        else:
+            verdict, detail = Verdict.SKIPPED, f"not reached: {cause[0]} ended {cause[1]}"
+        lines.append(Line.from_config(cfg, run_id=run_id, probe_id=probe_id, phase=phase, verdict=verdict.value,
+                                      started_at=now, detail=detail, **base_env))
+    return lines
+
+
+@dataclass
+class GridResult:
+    run_ids: list[str]
+    skipped: list[ProbeConfig]
+    interrupted: bool = False
+
+
+def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+             retry_failed: bool = False, workdir: str | None = None,
+             progress: Callable[[str], None] | None = None) -> GridResult:
+    """Run every configuration not already finished; return the new run ids. Lines go to the ledger."""
+    progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    probe_id = new_id("p")
+    result = GridResult([], [])
+    own_tmp = workdir is None
+    workdir = workdir or tempfile.mkdtemp(prefix="rentplan-pilot-")
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        with Ledger(ledger_path) as ledger:
+            status = ledger.run_status()
+            todo = []
+            for cfg in configs:
+                state = status.get(cfg.key(), {}).get("state")
+                if state == "done" or (state == "failed" and not retry_failed):
+                    result.skipped.append(cfg)
+                    why = "finished" if state == "done" else "failed earlier (pass --retry-failed to rerun)"
+                    progress(f"skip {cfg.label()}: {why}")
+                else:
+                    todo.append(cfg)
+            for i, cfg in enumerate(todo, 1):
+                run_id = new_id("r")
+                result.run_ids.append(run_id)
+                tag = f"[{i}/{len(todo)}] {cfg.label()}"
+                if not _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress):
+                    result.interrupted = True
+                    break
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if own_tmp:
+            _rmtree(workdir)
+    return result
+
+
+def _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress) -> bool:
+    """Run one configuration (training worker, then a fresh resume worker). False when interrupted."""
+    env: dict = {}
+    train, resume = PHASES[:-1], PHASES[-1:]
+    for phases in (train, resume):
+        out = _run_worker(phases, cfg, workdir, run_id, probe_id, timeout_s,
+                          on_line=lambda ln: ledger.append(Line(**ln)),
+                          on_phase=lambda ph: progress(f"{tag} · {ph}"))
+        env = out.env or env
+        extra = _missing_lines(cfg, phases, out, run_id, probe_id, env)
+        ledger.extend(extra)
+        if out.verdict is Verdict.INTERRUPTED:
+            return False
+        failed = [ln for ln in out.lines + [x.to_dict() for x in extra] if ln["verdict"] != Verdict.OK.value]
+        if failed:
+            if phases is train:  # resume needs the checkpoint: not reached
+                cause = (failed[0]["phase"], failed[0]["verdict"])
+                ledger.extend(_missing_lines(cfg, resume, WorkerOutcome(), run_id, probe_id, env, cause))
+            break
+    for name in os.listdir(workdir):
+        if name.startswith(run_id):
+            os.remove(os.path.join(workdir, name))
+    return True
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _rmtree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
