@@ -1,0 +1,77 @@
+"""Workloads that misbehave on purpose, for the failure-mode tests. Each wraps the built-in gpt."""
+
+import os
+import signal
+import time
+
+import torch
+
+from probes.builtin import GPT
+
+
+class _Wrapped(GPT):
+    pass
+
+
+def nan_at(update: int = 3, grad_accum: int = 1, **kw):
+    """compute_loss returns NaN for every micro-batch of optimizer update `update` (1-based)."""
+    w = _Wrapped(**kw)
+    inner = w.compute_loss
+    first_bad = (update - 1) * grad_accum
+
+    def compute_loss(model, batch):
+        loss = inner(model, batch)
+        if int(batch["index"][0]) >= first_bad:
+            return loss * float("nan")
+        return loss
+
+    make = w.make_batch
+
+    def make_batch(split, index, micro_batch, seq_len):
+        b = make(split, index, micro_batch, seq_len)
+        b["index"] = torch.full((micro_batch,), index)
+        return b
+
+    w.compute_loss, w.make_batch = compute_loss, make_batch
+    return w
+
+
+def die_in(phase_split: str = "val", how: str = "sigkill", **kw):
+    """Kills (SIGKILL) or hangs its own process when asked for a batch of `phase_split` (val = eval phase)."""
+    w = _Wrapped(**kw)
+    make = w.make_batch
+
+    def make_batch(split, index, micro_batch, seq_len):
+        if split == phase_split:
+            if how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif how == "hang":
+                time.sleep(3600)
+            elif how == "raise":
+                raise RuntimeError("boom: simulated illegal memory access")
+        return make(split, index, micro_batch, seq_len)
+
+    w.make_batch = make_batch
+    return w
+
+
+def counts_padding(**kw):
+    """A gpt whose labels never mask anything (prompt and padding counted): inspect must warn."""
+    w = _Wrapped(**kw)
+    make = w.make_batch
+
+    def make_batch(split, index, micro_batch, seq_len):
+        b = make(split, index, micro_batch, seq_len)
+        b["labels"] = b["input_ids"].roll(-1, dims=1)
+        return b
+
+    w.make_batch = make_batch
+    return w
+
+
+def not_a_workload():
+    return object()
+
+
+def raises(**kw):
+    raise ValueError("bad parameter combination")
