@@ -306,13 +306,14 @@ def import_skypilot(csv_path: str | Path, catalog: Catalog, provider: str, as_of
             region = (row.get("Region") or "").strip()
             base = {"gpu": gpu_id, "provider": provider, "instance": (row.get("InstanceType") or "").strip() or None,
                     "gpus_per_instance": count, "billing_minimum_hours": 0.0, "as_of": as_of,
-                    "source": f"skypilot:{Path(csv_path).name}", "note": f"region {region}" if region else None,
-                    "unverified": ["billing_minimum_hours"]}
+                    "source": f"skypilot:{Path(csv_path).name}", "note": f"region {region}" if region else None}
             offers.append({"id": f"{provider}-{gpu_id}-{count}x-{len(offers) + 1}",
-                           "price_per_instance_hour_usd": round(price, 4), "spot": False, **base})
+                           "price_per_instance_hour_usd": round(price, 4), "spot": False, **base,
+                           "unverified": ["billing_minimum_hours"]})
             if spot > 0 and abs(spot - price) > 1e-9:  # empty, 0.00 and == Price all mean "no spot price"
                 offers.append({"id": f"{provider}-{gpu_id}-{count}x-spot-{len(offers) + 1}",
-                               "price_per_instance_hour_usd": round(spot, 4), "spot": True, **base})
+                               "price_per_instance_hour_usd": round(spot, 4), "spot": True, **base,
+                               "unverified": ["billing_minimum_hours"]})
     return offers, skipped
 
 

@@ -332,5 +332,177 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
     progress(f"wrote {out_path}")
 
 
+# ---------------------------------------------------------------- plan
+
+def example_campaign_path() -> Path:
+    return Path(__file__).resolve().parent / "examples" / "lr-comparison.yaml"
+
+
+def parse_days(text: str) -> list[int]:
+    days = parse_list(text, positive_int, "--days")
+    if not days:
+        raise InputError("--days needs at least one window, e.g. 3,7,30.")
+    return days
+
+
+def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.DataFrame:
+    if fmt in ("csv", "json"):
+        return sheet
+    from planner.render import sheet_rows
+
+    rows = pd.DataFrame(sheet_rows(sheet.head(limit) if limit else sheet))
+    return rows.drop(columns=["as_of", "notes", "gpu", "provider"], errors="ignore")
+
+
+def plans_view(plans: pd.DataFrame, fmt: str) -> pd.DataFrame:
+    if fmt in ("csv", "json"):
+        return plans
+    from planner.render import plan_rows
+
+    return pd.DataFrame(plan_rows(plans, limit_per_window=3))
+
+
+def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt):
+    from planner.campaign import load_campaign
+    from planner.catalog import load_catalog
+    from planner.planning import local_order, make_plan, recommend
+    from planner.render import order_document, write_outputs
+
+    campaign = load_campaign(campaign_path)
+    catalog = load_catalog(catalog_path)
+    result = make_plan(campaign, read_lines(ledger_path), catalog, headroom, parse_days(days))
+    if offer_id == "local":
+        order = local_order(campaign, result, catalog, headroom)
+    else:
+        pick = recommend(result.sheet) if offer_id is None else _offer_row(result.sheet, offer_id)
+        order = None if pick is None else order_document(campaign, pick, result.lines, catalog, headroom)
+    if out:
+        written = write_outputs(Path(out), campaign, result.sheet, result.plans, result.budget, result.lines,
+                                catalog, headroom, order)
+        progress("wrote " + ", ".join(str(p) for p in written))
+    if fmt == "json":
+        click.echo(json.dumps({"selection": json.loads(render(result.sheet, "json")),
+                               "plans": json.loads(render(result.plans, "json")), "budget": result.budget,
+                               "order": order}, indent=2, default=str))
+        return result
+    click.echo(render(selection_view(result.sheet, fmt), fmt))
+    if fmt != "csv":
+        click.echo("")
+        click.echo(render(plans_view(result.plans, fmt), fmt))
+        rec = recommend(result.sheet)
+        if rec is not None:
+            click.echo(f"\nRecommended: {rec['offer']} ({rec['gpu']}, {rec['strategy']}, {rec['precision']}, "
+                       f"micro-batch {rec['micro_batch']} × accumulation {rec['grad_accum']}); "
+                       f"campaign ${rec['campaign_cost_usd_low']:,.2f}–${rec['campaign_cost_usd_high']:,.2f}.")
+    return result
+
+
+def _offer_row(sheet: pd.DataFrame, offer_id: str):
+    rows = sheet[sheet["offer"] == offer_id]
+    if rows.empty:
+        import difflib
+
+        hint = difflib.get_close_matches(offer_id, list(sheet["offer"]), n=3)
+        raise InputError(f"unknown offer {offer_id!r}." + (f" Did you mean {', '.join(hint)}?" if hint else "")
+                         + " Use an offer id from the selection sheet, or 'local'.")
+    return rows.iloc[0]
+
+
+@cli.command()
+@click.option("--campaign", "campaign_path", required=True, type=click.Path(dir_okay=False))
+@ledger_option
+@catalog_path_option
+@click.option("--days", default="3,7,30", show_default=True, help="rental windows in days")
+@click.option("--headroom", default=0.10, show_default=True, type=float, help="memory kept free, as a fraction")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="write selection.csv, plans.csv, order_sheet.md/.html, budget.md, order.json here")
+@click.option("--offer", "offer_id", default=None,
+              help="offer for order.json (default: the recommended one; 'local' = this machine)")
+@format_option
+@friendly_errors
+def plan(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt):
+    """Selection sheet, 3/7/30-day plans, budget review and order sheet from the ledger and the catalog."""
+    plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt)
+
+
+# ---------------------------------------------------------------- demo
+
+DEMO_GRID = {"micro_batch": "1,2,4", "seq_len": "128,256", "eval_seq_len": "512", "precision": "bf16"}
+
+
+@cli.command()
+@click.option("--ledger", "ledger_path", default="rentplan.db", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--out", default="rentplan-out", show_default=True, type=click.Path(file_okay=False))
+@click.option("--device", default="auto", show_default=True)
+@friendly_errors
+def demo(ledger_path, out, device):
+    """Pilot the built-in gpt on this device, plan the bundled learning-rate comparison, write the order sheet."""
+    from planner.campaign import load_campaign
+
+    campaign_path = example_campaign_path()
+    campaign = load_campaign(campaign_path)
+    opts = dict(DEMO_GRID, workload=campaign.workload, device=device,
+                params=[f"{k}={v}" for k, v in campaign.params.items()])
+    spec = spec_from_options(opts)
+    click.echo(f"rentplan demo: pilot of {campaign.workload} {campaign.params_json} on {spec.device}, "
+               f"then a plan for campaign '{campaign.name}' ({campaign_path.name}).", err=True)
+    result = run_probe(spec, ledger_path, 900.0, False)
+    if result.interrupted:
+        raise KeyboardInterrupt
+    df = read_lines(ledger_path)
+    df = df[df["config_key"].isin({c.key() for c in build_grid(spec)})]
+    click.echo("Pilot lines (measured on this device):")
+    click.echo(render(lines_view(df[df["phase"].isin(["first_step", "steady", "eval", "resume"])], "table"), "table"))
+    click.echo("")
+    plan_and_write(str(campaign_path), ledger_path, None, "3,7,30", 0.10, out, None, "table")
+    click.echo(f"\nOrder sheet: {Path(out) / 'order_sheet.md'} (and .html); plans: {Path(out) / 'plans.csv'}; "
+               f"budget: {Path(out) / 'budget.md'}; order: {Path(out) / 'order.json'}")
+
+
+# ---------------------------------------------------------------- verify
+
+@cli.command()
+@click.argument("order_path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--ledger", "ledger_path", default=None, type=click.Path(dir_okay=False),
+              help="keep the verification pilot's lines here (default: a temporary ledger)")
+@click.option("--skip-pilot", is_flag=True, help="check the stack only")
+@friendly_errors
+def verify(order_path, ledger_path, skip_pilot):
+    """On the rented machine: check GPU, memory, CUDA, torch and packages, then pilot the ordered settings."""
+    from probes.verify import verify_order
+
+    report = verify_order(order_path, ledger_path, run_pilot=not skip_pilot, progress=progress)
+    for check in report["checks"]:
+        mark = {"pass": "ok  ", "fail": "FAIL", "warn": "warn"}[check["status"]]
+        click.echo(f"[{mark}] {check['name']}: {check['detail']}")
+    click.echo("")
+    if report["adopt"]:
+        click.echo("adopt: every check passed.")
+    else:
+        reasons = "; ".join(c["detail"] for c in report["checks"] if c["status"] == "fail")
+        click.echo(f"do not adopt: {reasons}")
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------- batch
+
+@cli.command()
+@click.option("--micro-batch", required=True, type=int)
+@click.option("--grad-accum", required=True, type=int)
+@click.option("--replicas", default=1, show_default=True, type=int, help="data-parallel ranks (not model-parallel)")
+@click.option("--examples", default=None, type=int, help="examples in one pass over the data")
+@click.option("--seq-len", default=None, type=int)
+@click.option("--drop-last", is_flag=True)
+@format_option
+@friendly_errors
+def batch(micro_batch, grad_accum, replicas, examples, seq_len, drop_last, fmt):
+    """Batch arithmetic: examples and tokens per update, updates per pass, the last partial batch."""
+    from planner.batching import batch_plan
+
+    bp = batch_plan(micro_batch, grad_accum, replicas, examples, seq_len, drop_last)
+    rows = [{"quantity": k, "value": v} for k, v in bp.to_dict().items() if v not in (None, "")]
+    click.echo(render(pd.DataFrame(rows), fmt))
+
+
 if __name__ == "__main__":
     main()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import yaml
 from planner.errors import InputError
 
 MAX_YAML_BYTES = 2 * 1024 * 1024
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -96,6 +98,8 @@ class Problems:
 
     def number(self, path: str, value: Any, *, positive: bool = False, allow_zero: bool = False,
                integer: bool = False) -> float | None:
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string; it plainly means a number
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.add(path, f"must be a number, got {value!r} ({type(value).__name__})")
             return None
@@ -111,6 +115,9 @@ class Problems:
         return value
 
     def text(self, path: str, value: Any) -> str | None:
+        if isinstance(value, bool):
+            self.add(path, f"must be a string, got {value!r}: YAML reads yes/no/on/off as true/false; quote it")
+            return None
         if not isinstance(value, str) or not value.strip():
             self.add(path, f"must be a non-empty string, got {value!r} ({type(value).__name__})")
             return None

@@ -1,0 +1,68 @@
+"""Batch arithmetic: examples per update, updates per pass, the last partial batch. No torch.
+
+Data replicas (DDP/FSDP ranks) multiply the examples per update; model parallelism does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from planner.errors import InputError
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    micro_batch: int
+    grad_accum: int
+    replicas: int
+    examples_per_update: int
+    examples: int | None = None
+    updates_per_pass: int | None = None
+    full_updates: int | None = None
+    last_update_examples: int | None = None  # examples in a last partial update (0 = none)
+    dropped_examples: int | None = None
+    tokens_per_update: int | None = None
+    last_update_normalised_by: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def batch_plan(micro_batch: int, grad_accum: int, replicas: int = 1, examples: int | None = None,
+               seq_len: int | None = None, drop_last: bool = False) -> BatchPlan:
+    for name, v in (("micro_batch", micro_batch), ("grad_accum", grad_accum), ("replicas", replicas)):
+        if v < 1:
+            raise InputError(f"{name} must be >= 1, got {v}.")
+    per_update = micro_batch * grad_accum * replicas
+    tokens = per_update * seq_len if seq_len else None
+    if examples is None:
+        return BatchPlan(micro_batch, grad_accum, replicas, per_update, tokens_per_update=tokens)
+    full, rest = divmod(examples, per_update)
+    if rest and not drop_last:
+        updates, last, dropped = full + 1, rest, 0
+        how = (f"the last update sees {rest} examples; its loss is the mean over the targets it really has "
+               f"(normalised by its own count, not by {per_update})")
+    else:
+        updates, last, dropped = full, 0, rest
+        how = f"{rest} examples dropped (--drop-last)" if rest else "no partial update"
+    return BatchPlan(micro_batch, grad_accum, replicas, per_update, examples, updates, full, last, dropped, tokens, how)
+
+
+def accumulation_for(effective_batch: int, micro_batch: int, replicas: int = 1) -> int:
+    """grad_accum that keeps the effective batch; refuses when it would not be whole."""
+    per_step = micro_batch * replicas
+    if effective_batch % per_step:
+        raise InputError(f"effective batch {effective_batch} is not divisible by micro-batch {micro_batch} × "
+                         f"{replicas} replica(s) = {per_step}; accumulation would not be whole.")
+    return effective_batch // per_step
+
+
+def largest_micro_batch(effective_batch: int, replicas: int, limit: int) -> int | None:
+    """Largest micro-batch <= limit that divides the per-replica share of the effective batch."""
+    if effective_batch % replicas:
+        return None
+    share = effective_batch // replicas
+    for mb in range(min(limit, share), 0, -1):
+        if share % mb == 0:
+            return mb
+    return None

@@ -1,0 +1,288 @@
+"""Sheets and plans as files: numbers are prepared here, templates (jinja2, StrictUndefined) only loop and print.
+
+Every file is written to a temporary name in the same folder and moved into place with os.replace, so a
+crash never leaves a half-written sheet under the real name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+
+from planner import __version__
+from planner.campaign import Campaign
+from planner.catalog import Catalog
+from planner.plans import recommend
+from planner.select import NO_FIT
+from planner.units import fmt_bytes, fmt_seconds
+
+_ENV: jinja2.Environment | None = None
+
+
+def template_dir() -> Path:
+    """templates/ of the checkout, else the copy shipped inside the installed package."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "templates", here / "templates"):
+        if (candidate / "order_sheet.md.j2").is_file():
+            return candidate
+    raise FileNotFoundError("rentplan templates not found (reinstall the package)")
+
+
+def env() -> jinja2.Environment:
+    global _ENV
+    if _ENV is None:
+        _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir())),
+                                  undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                                  autoescape=jinja2.select_autoescape(["html.j2"]))
+    return _ENV
+
+
+def render_template(name: str, context: dict) -> str:
+    return env().get_template(name).render(**context)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def sweep_orphans(folder: Path) -> None:
+    """Temporary files left by a crash mid-write are removed at the next start."""
+    if folder.is_dir():
+        for p in folder.glob(".*.tmp"):
+            p.unlink(missing_ok=True)
+
+
+def _num(x, fmt="{:.2f}") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return fmt.format(x)
+
+
+def _usd(x) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"${x:,.2f}"
+
+
+def _h2s(hours):
+    return None if hours is None or (isinstance(hours, float) and math.isnan(hours)) else hours * 3600
+
+
+def _range(lo, hi, f) -> str:
+    if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)):
+        return ""
+    return f"{f(lo)} – {f(hi)}"
+
+
+def provenance(lines: pd.DataFrame) -> list[dict]:
+    """Where the numbers came from: one row per (mode, device, torch) with line counts and dates."""
+    rows = []
+    keys = ["mode", "device", "device_name", "torch_version", "cuda_version"]
+    for k, g in lines.fillna({"cuda_version": "none"}).groupby(keys, dropna=False):
+        rec = dict(zip(keys, k))
+        rec.update({"lines": int(len(g)), "first": str(g["started_at"].min()), "last": str(g["started_at"].max())})
+        rows.append(rec)
+    return rows
+
+
+def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
+    out = []
+    for _, r in sheet.iterrows():
+        out.append({
+            "offer": r["offer"], "gpu": r["gpu"], "provider": r["provider"], "gpus": r["gpus_per_instance"],
+            "price": _usd(r["price_per_instance_hour_usd"]) + ("/h spot" if r["spot"] else "/h"),
+            "usable": fmt_bytes(r["usable_bytes"]), "need": fmt_bytes(r["need_bytes"]), "need_phase": r["need_phase"],
+            "headroom": f"{r['headroom_pct']:.0f}%", "verdict": r["verdict"],
+            "max_mb": f"{r['max_micro_batch']}{'*' if r['max_micro_batch_extrapolated'] else ''}",
+            "max_seq": f"{r['max_seq_len_at_mb1']}{'*' if r['max_seq_len_extrapolated'] else ''}",
+            "precision": r["precision"], "mb": r["micro_batch"], "accum": r["grad_accum"], "replicas": r["replicas"],
+            "strategy": r["strategy"],
+            "update": _range(r["update_s_low"], r["update_s_high"], fmt_seconds),
+            "per_variant": _range(_h2s(r["variant_hours_low"]), _h2s(r["variant_hours_high"]), fmt_seconds),
+            "hours": _range(r["campaign_hours_low"], r["campaign_hours_high"], lambda h: f"{h:.2f} h"),
+            "cost": _range(r["campaign_cost_usd_low"], r["campaign_cost_usd_high"], _usd),
+            "as_of": r["as_of"], "notes": r["notes"],
+        })
+    return out
+
+
+def plan_rows(plans: pd.DataFrame, limit_per_window: int = 5) -> list[dict]:
+    out = []
+    if plans.empty:
+        return out
+    for d, g in plans.groupby("days", sort=True):
+        for _, r in g.head(limit_per_window).iterrows():
+            out.append({
+                "days": int(d), "offer": r["offer"], "gpu": r["gpu"], "strategy": r["strategy"],
+                "marked": "★" if r["cheapest_for_priority_1"] else "",
+                "variants_in": r["variants_in"] or "—", "variants_out": r["variants_out"] or "—",
+                "hours": _range(r["hours_used_low"], r["hours_used_high"], lambda h: f"{h:.2f}"),
+                "idle": f"{r['idle_hours']:.1f}", "cost": _range(r["cost_usd_low"], r["cost_usd_high"], _usd),
+                "held": _usd(r["cost_if_held_whole_window_usd"]),
+            })
+    return out
+
+
+def stack_for(rec: pd.Series, lines: pd.DataFrame) -> dict:
+    torch_versions = sorted({v for v in lines["torch_version"].dropna() if v})
+    cuda_versions = sorted({v for v in lines["cuda_version"].dropna() if v})
+    torch_min = ".".join(torch_versions[-1].split("+")[0].split(".")[:2]) if torch_versions else "2.4"
+    if rec["software"] == "rocm":
+        return {"driver": "ROCm build of PyTorch", "torch": f">= {torch_min} (ROCm build)", "cuda": "n/a (ROCm)"}
+    cuda = rec["min_cuda"] or "12.1"
+    if cuda_versions and cuda_versions[-1] > cuda:
+        cuda = cuda_versions[-1]
+    return {"driver": "NVIDIA driver supporting the CUDA below", "torch": f">= {torch_min} (CUDA build)",
+            "cuda": f">= {cuda}"}
+
+
+def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, budget: dict,
+                  lines: pd.DataFrame, catalog: Catalog, headroom: float) -> dict:
+    rec = recommend(sheet)
+    fitting = sheet[sheet["verdict"] != NO_FIT]
+    prov = provenance(lines)
+    modes = sorted({p["mode"] for p in prov})
+    return {
+        "version": __version__,
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "campaign": {"name": campaign.name, "workload": campaign.workload, "params": campaign.params_json,
+                     "effective_batch": campaign.effective_batch, "updates": campaign.updates,
+                     "variants": [{"id": v.id, "lr": v.lr, "priority": v.priority} for v in campaign.variants],
+                     "eval": f"every {campaign.eval.every_updates} updates, {campaign.eval.examples} examples at "
+                             f"seq_len {campaign.eval.seq_len}",
+                     "export": campaign.export, "setup_hours": campaign.setup_hours,
+                     "seq_len": int(sheet["seq_len"].iloc[0]) if len(sheet) else None,
+                     "seq_len_note": sheet.attrs.get("seq_len_note", ""), "precision": campaign.precision},
+        "assumptions": [
+            f"fit: (need + {fmt_bytes(catalog.context_bytes)} CUDA context) × (1 + {headroom:.0%} headroom) ≤ usable "
+            f"memory; 'tight' fits with the headroom but not with twice it",
+            f"need = the largest phase peak: reserved where measured on CUDA, else allocated × "
+            f"{catalog.fragmentation_factor:g} (fragmentation); allocated and reserved are never added",
+            "time ranges: see each row's basis; plans and costs use the slow end of the range",
+            "* after a max micro-batch or sequence length: extrapolated beyond the probed range",
+        ] + (["estimated lines are computed with CPU kernels under fake tensors; CUDA-only kernels (flash "
+              "attention) may need less"] if "estimated" in modes else []),
+        "recommended": None if rec is None else {
+            "offer": rec["offer"], "gpu": rec["gpu"], "provider": rec["provider"], "instance": rec["instance"] or "",
+            "gpus": int(rec["gpus_per_instance"]), "price": _usd(rec["price_per_instance_hour_usd"]),
+            "usable": fmt_bytes(rec["usable_bytes"]), "need": fmt_bytes(rec["need_bytes"]),
+            "need_phase": rec["need_phase"], "need_basis": rec["need_basis"], "headroom": f"{rec['headroom_pct']:.0f}%",
+            "max_mb": rec["max_micro_batch"], "max_seq": rec["max_seq_len_at_mb1"], "precision": rec["precision"],
+            "mb": int(rec["micro_batch"]), "accum": int(rec["grad_accum"]), "replicas": int(rec["replicas"]),
+            "examples_per_update": int(rec["examples_per_update"]), "strategy": rec["strategy"],
+            "verdict": rec["verdict"], "update": _range(rec["update_s_low"], rec["update_s_high"], fmt_seconds),
+            "time_basis": rec["time_basis"],
+            "per_variant": _range(_h2s(rec["variant_hours_low"]), _h2s(rec["variant_hours_high"]), fmt_seconds),
+            "hours": _range(rec["campaign_hours_low"], rec["campaign_hours_high"], lambda h: f"{h:.2f} h"),
+            "cost": _range(rec["campaign_cost_usd_low"], rec["campaign_cost_usd_high"], _usd),
+            "as_of": rec["as_of"], "price_source": rec["price_source"], "notes": rec["notes"] or "—",
+            "stack": stack_for(rec, lines), "unverified": rec["unverified"] or "none",
+        },
+        "rows": sheet_rows(fitting.head(12)),
+        "n_fitting": int(len(fitting)), "n_offers": int(len(sheet)),
+        "not_fitting": [{"offer": r["offer"], "need": fmt_bytes(r["need_bytes"]), "usable": fmt_bytes(r["usable_bytes"])}
+                        for _, r in sheet[sheet["verdict"] == NO_FIT].head(8).iterrows()],
+        "plans": plan_rows(plans),
+        "budget": budget_context(budget),
+        "provenance": prov,
+        "catalog": {"source": catalog.source},
+    }
+
+
+def budget_context(budget: dict) -> dict:
+    return {
+        "recommended": budget["recommended"] or "none",
+        "per_variant": [{"variant": v["variant"], "priority": v["priority"],
+                         "hours": _range(v["hours_low"], v["hours_high"], lambda h: f"{h:.2f}"),
+                         "cost": _range(v["cost_usd_low"], v["cost_usd_high"], _usd)} for v in budget["per_variant"]],
+        "per_plan": [{"days": int(p["days"]), "offer": p["offer"], "variants_in": p["variants_in"] or "—",
+                      "variants_out": p["variants_out"] or "—", "cost": _usd(p["cost_usd_high"]),
+                      "idle": f"{p['idle_hours']:.1f}"} for p in budget["per_plan"]],
+        "per_offer": [{"offer": o["offer"], "gpu": o["gpu"], "hours": _num(o["campaign_hours_high"]),
+                       "cost": _range(o["campaign_cost_usd_low"], o["campaign_cost_usd_high"], _usd)}
+                      for o in budget["per_offer"][:15]],
+        "cap": None if not budget["budget"] else {
+            "cap": _usd(budget["budget"]["cap_usd"]), "cost": _usd(budget["budget"]["recommended_cost_usd_high"]),
+            "within": budget["budget"]["within"], "margin": _usd(abs(budget["budget"]["margin_usd"])),
+            "offers_within": budget["budget"]["offers_within_cap"]},
+    }
+
+
+def order_document(campaign: Campaign, rec: pd.Series, lines: pd.DataFrame, catalog: Catalog,
+                   headroom: float) -> dict:
+    """order.json: what to rent, at which settings, and what `rentplan verify` must find on the machine."""
+    gpu = catalog.gpu(rec["gpu"])
+    stack = stack_for(rec, lines)
+    return {
+        "format": "rentplan-order/1",
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "campaign": campaign.name,
+        "offer": {"id": rec["offer"], "provider": rec["provider"], "instance": rec["instance"],
+                  "gpus_per_instance": int(rec["gpus_per_instance"]),
+                  "price_per_instance_hour_usd": float(rec["price_per_instance_hour_usd"]),
+                  "as_of": rec["as_of"], "source": rec["price_source"]},
+        "expect": {"device_kind": "cuda" if gpu.software == "cuda" else "rocm", "gpu_id": gpu.id,
+                   "gpu_name": gpu.name, "usable_bytes": int(gpu.usable_bytes), "compute_capability": gpu.compute_capability,
+                   "bf16": gpu.bf16_supported, "fp8": gpu.fp8_supported, "min_cuda": gpu.min_cuda,
+                   "torch": stack["torch"], "gpus": int(rec["gpus_per_instance"])},
+        "settings": {"workload": campaign.workload, "params": campaign.params, "precision": rec["precision"],
+                     "optimizer": campaign.optimizer, "checkpointing": campaign.checkpointing,
+                     "micro_batch": int(rec["micro_batch"]), "grad_accum": int(rec["grad_accum"]),
+                     "replicas": int(rec["replicas"]), "seq_len": int(rec["seq_len"]),
+                     "eval_micro_batch": int(rec["eval_micro_batch"]), "eval_seq_len": campaign.eval.seq_len,
+                     "strategy": rec["strategy"]},
+        "plan": {"need_bytes": int(rec["need_bytes"]), "need_phase": rec["need_phase"], "need_basis": rec["need_basis"],
+                 "context_bytes": int(catalog.context_bytes), "headroom": headroom,
+                 "update_s_low": rec["update_s_low"], "update_s_high": rec["update_s_high"],
+                 "time_basis": rec["time_basis"]},
+        "packages": ["torch", "safetensors"],
+        "provenance": provenance(lines),
+    }
+
+
+def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, budget: dict,
+                  lines: pd.DataFrame, catalog: Catalog, headroom: float, order: dict | None) -> list[Path]:
+    sweep_orphans(out)
+    ctx = build_context(campaign, sheet, plans, budget, lines, catalog, headroom)
+    files = {
+        "selection.csv": sheet.to_csv(index=False),
+        "plans.csv": plans.to_csv(index=False),
+        "order_sheet.md": render_template("order_sheet.md.j2", ctx),
+        "order_sheet.html": render_template("order_sheet.html.j2", ctx),
+        "budget.md": render_template("budget.md.j2", ctx),
+    }
+    if order is not None:
+        files["order.json"] = json.dumps(order, indent=2, default=_json_default)
+    written = []
+    for name, text in files.items():
+        atomic_write(out / name, text)
+        written.append(out / name)
+    return written
+
+
+def _json_default(x):
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return str(x)

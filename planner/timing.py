@@ -1,0 +1,136 @@
+"""Time model: seconds per update on a catalog GPU, always as a range with its basis named.
+
+- Measured on a CUDA GPU found in the catalog: the measured update time, rescaled to the campaign's
+  FLOPs, then scaled to the target between its compute ratio (TFLOPS) and its memory ratio (bandwidth):
+  the true factor lies between the two (Habitat's observation, REFERENCE.md).
+- Otherwise (CPU pilot or estimate): FLOPs counted on the pilot ÷ (target peak × 25–50 % MFU), never
+  faster than a kernel-launch floor of (ops per update × 5–10 µs); small models are launch-bound.
+- Data parallel over n GPUs: per-GPU compute / n, plus a ring all-reduce of the fp32 gradients over the
+  catalog's interconnect (NVLink GB/s, else PCIe); the low end assumes full overlap, the high end none.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pandas as pd
+
+from planner.catalog import Catalog, Gpu
+
+MFU_RANGE = (0.25, 0.50)
+LAUNCH_S = (5e-6, 10e-6)
+PCIE_GBPS = {"gen5": 64.0, "gen4": 32.0, "gen3": 16.0}  # GB/s one direction, x16 (nominal)
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    low_s: float
+    high_s: float
+    basis: str
+
+    def scaled(self, factor: float, basis: str | None = None) -> "TimeRange":
+        return TimeRange(self.low_s * factor, self.high_s * factor, basis or self.basis)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What the pilot observed for one configuration family, reduced to per-token figures."""
+
+    flops_per_token: float  # training (forward + backward) FLOPs per token
+    ops_per_micro_batch: float | None
+    measured_s_per_token: float | None  # from the steady median on the pilot device
+    device: str
+    device_name: str
+    grad_bytes: int  # fp32 gradient bytes all-reduced per update under DDP
+    micro_batch: int
+    seq_len: int
+    grad_accum: int
+
+
+def throughput_from_lines(lines: pd.DataFrame, micro_batch: int | None = None, seq_len: int | None = None
+                          ) -> Throughput | None:
+    """Pick the measured configuration closest to the one planned (largest tokens per micro-batch wins ties)."""
+    ok = lines[lines["verdict"] == "ok"]
+    steady = ok[ok["phase"] == "steady"]
+    first = ok[ok["phase"] == "first_step"].set_index("run_id")
+    if steady.empty or first.empty:
+        return None
+    target = (micro_batch or 1) * (seq_len or 1)
+    steady = steady.assign(dist=(steady["micro_batch"] * steady["seq_len"] - target).abs(),
+                           tokens=steady["micro_batch"] * steady["seq_len"])
+    steady = steady[steady["run_id"].isin(first.index)]
+    if steady.empty:
+        return None
+    row = steady.sort_values(["dist", "tokens"], ascending=[True, False]).iloc[0]
+    f = first.loc[row["run_id"]]
+    tokens = int(row["micro_batch"]) * int(row["seq_len"]) * int(row["grad_accum"])
+    flops = f["flops_per_update"]
+    ops = row["ops_per_update"]
+    per_token = None if pd.isna(row["update_s"]) or row["mode"] != "measured" else float(row["update_s"]) / tokens
+    trainable = f["trainable_param_count"] if pd.notna(f["trainable_param_count"]) else 0
+    return Throughput(
+        flops_per_token=float(flops) / tokens if pd.notna(flops) else 0.0,
+        ops_per_micro_batch=None if pd.isna(ops) else float(ops) / int(row["grad_accum"]),
+        measured_s_per_token=per_token, device=str(row["device"]), device_name=str(row["device_name"] or ""),
+        grad_bytes=int(trainable) * 4, micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
+        grad_accum=int(row["grad_accum"]))
+
+
+def match_catalog_gpu(device_name: str, catalog: Catalog) -> Gpu | None:
+    """'NVIDIA H100 80GB HBM3' -> the catalog GPU sharing the most name tokens (model number must match)."""
+    tokens = set(re.findall(r"[a-z0-9]+", device_name.lower())) - {"nvidia", "amd", "gb", "instinct", "geforce"}
+    model_tokens = {t for t in tokens if re.search(r"\d", t) and re.search(r"[a-z]", t)}
+    best, score = None, 0
+    for g in catalog.gpus.values():
+        gt = set(re.findall(r"[a-z0-9]+", g.name.lower()))
+        if model_tokens and not model_tokens & gt:
+            continue
+        s = len(tokens & gt)
+        if s > score:
+            best, score = g, s
+    return best
+
+
+def _interconnect_gbps(gpu: Gpu) -> float:
+    if gpu.nvlink_gbps:
+        return gpu.nvlink_gbps / 2  # catalog figure is bidirectional
+    text = (gpu.interconnect or "").lower()
+    for gen, bw in PCIE_GBPS.items():
+        if gen in text.replace(" ", ""):
+            return bw
+    return PCIE_GBPS["gen3"]
+
+
+def update_time(tp: Throughput, gpu: Gpu, precision: str, micro_batch: int, seq_len: int, grad_accum: int,
+                replicas: int, catalog: Catalog) -> TimeRange:
+    """Seconds per optimizer update on `gpu` for the planned configuration."""
+    tokens = micro_batch * seq_len * grad_accum * replicas
+    flops = tp.flops_per_token * tokens
+    peak = gpu.peak_tflops(precision)
+    src = match_catalog_gpu(tp.device_name, catalog) if tp.device.startswith("cuda") else None
+    if src is not None and tp.measured_s_per_token is not None and src.peak_tflops(precision) and peak:
+        t_src = tp.measured_s_per_token * tokens / replicas
+        r_compute = src.peak_tflops(precision) / peak
+        r_memory = src.mem_bandwidth_tbps / gpu.mem_bandwidth_tbps
+        lo, hi = sorted((t_src * r_compute, t_src * r_memory))
+        basis = (f"measured on {tp.device_name}, scaled by TFLOPS ({r_compute:.2f}×) and bandwidth "
+                 f"({r_memory:.2f}×) ratios")
+    elif peak and flops > 0:
+        per_gpu = flops / replicas
+        lo, hi = per_gpu / (peak * 1e12 * MFU_RANGE[1]), per_gpu / (peak * 1e12 * MFU_RANGE[0])
+        basis = (f"FLOPs counted on the {tp.device} pilot ÷ ({gpu.id} {precision} peak {peak:g} TFLOPS × "
+                 f"{MFU_RANGE[0]:.0%}–{MFU_RANGE[1]:.0%})")
+        if tp.ops_per_micro_batch:
+            ops = tp.ops_per_micro_batch * grad_accum
+            floor_lo, floor_hi = ops * LAUNCH_S[0], ops * LAUNCH_S[1]
+            if floor_lo > lo or floor_hi > hi:
+                basis += f"; kernel-launch floor {ops:.0f} ops × 5–10 µs"
+            lo, hi = max(lo, floor_lo), max(hi, floor_hi)
+    else:
+        return TimeRange(float("nan"), float("nan"), f"no {precision} peak for {gpu.id} in the catalog")
+    if replicas > 1:
+        comm = 2 * (replicas - 1) / replicas * tp.grad_bytes / (_interconnect_gbps(gpu) * 1e9)
+        lo, hi = max(lo, comm), hi + comm
+        basis += f"; all-reduce {comm * 1e3:.1f} ms over {gpu.interconnect or 'PCIe'} (estimated)"
+    return TimeRange(lo, hi, basis)

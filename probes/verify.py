@@ -1,0 +1,143 @@
+"""`rentplan verify order.json`: the first thing to run on a rented machine.
+
+Checks the device (kind, model, usable memory, compute capability, bf16/fp8), CUDA and torch versions,
+the packages the workload imports, then runs a one-configuration pilot at the ordered settings and
+compares its peak and update time with the plan. Ends with adopt / do not adopt and the reasons.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from planner.catalog import load_catalog
+from planner.errors import InputError
+from planner.ledger import read_lines
+from planner.records import ProbeConfig
+from planner.timing import match_catalog_gpu
+
+MEMORY_TOLERANCE = 0.10  # the pilot's need may exceed the planned need by this much before we refuse
+SLOW_TOLERANCE = 1.5  # ... and its update time the slow end of the range by this factor
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    out = []
+    for part in str(text).split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def _check(name: str, ok: bool | None, detail: str) -> dict:
+    return {"name": name, "status": "pass" if ok else ("warn" if ok is None else "fail"), "detail": detail}
+
+
+def load_order(path: str) -> dict:
+    try:
+        order = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{path} is not a readable order.json ({e}). Make one with `rentplan plan --out DIR`.")
+    missing = [k for k in ("expect", "settings", "plan") if k not in order]
+    if order.get("format") != "rentplan-order/1" or missing:
+        raise InputError(f"{path} is not a rentplan order (missing {', '.join(missing) or 'format'}).")
+    return order
+
+
+def device_checks(order: dict) -> tuple[list[dict], str | None]:
+    exp = order["expect"]
+    checks = []
+    kind = exp["device_kind"]
+    if kind in ("cuda", "rocm"):
+        want = f"{exp.get('gpus') or 1} × {exp['gpu_name']}"
+        if not torch.cuda.is_available():
+            checks.append(_check("device", False, f"no CUDA device found: the order is for {want}"))
+            return checks, None
+        props = torch.cuda.get_device_properties(0)
+        catalog_gpu = match_catalog_gpu(props.name, load_catalog())
+        same = catalog_gpu is not None and catalog_gpu.id == exp["gpu_id"]
+        checks.append(_check("device", same, f"found {torch.cuda.device_count()} × {props.name}; ordered {want}"))
+        checks.append(_check("gpu count", torch.cuda.device_count() >= (exp.get("gpus") or 1),
+                             f"{torch.cuda.device_count()} visible, {exp.get('gpus') or 1} ordered"))
+        checks.append(_check("usable memory", props.total_memory >= 0.98 * exp["usable_bytes"],
+                             f"{props.total_memory / 2**30:.2f} GiB, catalog says {exp['usable_bytes'] / 2**30:.2f} GiB"))
+        cc = f"{props.major}.{props.minor}"
+        if exp.get("bf16"):
+            checks.append(_check("bf16", torch.cuda.is_bf16_supported(), f"compute capability {cc}"))
+        if exp.get("fp8"):
+            checks.append(_check("fp8", (props.major, props.minor) >= (8, 9), f"compute capability {cc} (needs 8.9+)"))
+        if exp.get("min_cuda") and torch.version.cuda:
+            ok = _version_tuple(torch.version.cuda) >= _version_tuple(exp["min_cuda"])
+            checks.append(_check("CUDA", ok, f"torch built with CUDA {torch.version.cuda}; needs >= {exp['min_cuda']}"))
+        return checks, "cuda"
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    checks.append(_check("device", True, f"CPU order; this machine has {total / 2**30:.1f} GiB RAM"))
+    need = order["plan"]["need_bytes"]
+    checks.append(_check("memory", total >= need, f"need {need / 2**30:.2f} GiB of {total / 2**30:.1f} GiB"))
+    return checks, "cpu"
+
+
+def software_checks(order: dict) -> list[dict]:
+    checks = []
+    want = str(order["expect"].get("torch") or "").replace(">=", "").split("(")[0].strip()
+    if want:
+        ok = _version_tuple(torch.__version__)[:2] >= _version_tuple(want)[:2]
+        checks.append(_check("torch", ok, f"{torch.__version__} installed; order asks >= {want}"))
+    missing = [p for p in order.get("packages", []) if importlib.util.find_spec(p) is None]
+    checks.append(_check("packages", not missing, "missing: " + ", ".join(missing) if missing else
+                         "all importable: " + ", ".join(order.get("packages", []))))
+    return checks
+
+
+def pilot_checks(order: dict, device: str, ledger_path: str | None, progress) -> list[dict]:
+    from probes.runner import run_grid
+
+    s, plan = order["settings"], order["plan"]
+    cfg = ProbeConfig(workload=s["workload"], params_json=json.dumps(s["params"], sort_keys=True),
+                      micro_batch=s["micro_batch"], seq_len=s["seq_len"], eval_seq_len=s["eval_seq_len"],
+                      eval_micro_batch=s["eval_micro_batch"], grad_accum=s["grad_accum"], precision=s["precision"],
+                      checkpointing=bool(s["checkpointing"]), optimizer=s["optimizer"], device=device)
+    tmp = None
+    if ledger_path is None:
+        tmp = tempfile.mkdtemp(prefix="rentplan-verify-")
+        ledger_path = os.path.join(tmp, "verify.db")
+    res = run_grid([cfg], ledger_path, retry_failed=True, progress=progress)
+    df = read_lines(ledger_path)
+    df = df[df["run_id"].isin(res.run_ids)]
+    checks = []
+    bad = df[df["verdict"] != "ok"]
+    checks.append(_check("pilot", bad.empty and not df.empty,
+                         "all phases ok" if bad.empty else
+                         "; ".join(f"{r.phase} {r.verdict} {r.detail}" for r in bad.itertuples())))
+    if df.empty or not bad.empty:
+        return checks
+    frag = load_catalog().fragmentation_factor
+    reserved = df["peak_reserved_bytes"]
+    need = (reserved if reserved.notna().all() else df["peak_allocated_bytes"] * frag).max()
+    limit = plan["need_bytes"] * (1 + MEMORY_TOLERANCE)
+    checks.append(_check("peak memory", need <= limit,
+                         f"pilot needs {need / 2**30:.3f} GiB; plan said {plan['need_bytes'] / 2**30:.3f} GiB "
+                         f"(+{MEMORY_TOLERANCE:.0%} allowed)"))
+    t = float(df[df["phase"] == "steady"]["update_s"].iloc[0])
+    lo, hi = plan["update_s_low"], plan["update_s_high"]
+    if lo is not None and hi is not None:
+        status = True if t <= hi * SLOW_TOLERANCE else False
+        if t < lo / SLOW_TOLERANCE:
+            status = None  # faster than predicted: not a reason to refuse, but the plan overestimates
+        checks.append(_check("update time", status, f"{t:.4f} s per update; plan range {lo:.4f}–{hi:.4f} s"))
+    return checks
+
+
+def verify_order(path: str, ledger_path: str | None = None, run_pilot: bool = True, progress=print) -> dict:
+    order = load_order(path)
+    checks, device = device_checks(order)
+    checks += software_checks(order)
+    if run_pilot and device is not None and all(c["status"] != "fail" for c in checks):
+        checks += pilot_checks(order, device, ledger_path, progress)
+    return {"adopt": all(c["status"] != "fail" for c in checks), "checks": checks}

@@ -1,0 +1,123 @@
+"""Bad input gives one `Error:` naming every problem with its key path, exit 1, no traceback."""
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from planner.catalog import default_catalog_path
+from planner.cli import cli
+from tests.factories import campaign_yaml, standard_ledger
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args))
+
+
+def assert_error(result, *fragments):
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: ") or "Error: " in result.output
+    assert "Traceback" not in result.output
+    for f in fragments:
+        assert f in result.output, (f, result.output)
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def catalog_doc():
+    return yaml.safe_load(default_catalog_path().read_text())
+
+
+def test_bundled_catalog_validates_with_the_listed_gpus():
+    r = run("catalog", "validate")
+    assert r.exit_code == 0, r.output
+    doc = catalog_doc()
+    ids = {g["id"] for g in doc["gpus"]}
+    assert len(ids) >= 15
+    for want in ["b200", "h200_sxm", "h100_sxm", "h100_pcie", "a100_80gb_sxm", "a100_40gb", "l40s", "l4", "a10g",
+                 "rtx_4090", "rtx_a6000", "rtx_6000_ada", "v100_16gb", "t4", "mi300x"]:
+        assert want in ids
+    for o in doc["offers"]:
+        assert o["as_of"] and o["source"] and "billing_minimum_hours" in o
+
+
+def test_catalog_lists_every_problem_at_once(tmp_path):
+    doc = catalog_doc()
+    doc["gpus"][0]["memroy_gib_usable"] = 1  # typo
+    del doc["gpus"][1]["mem_bandwidth_tbps"]  # missing field
+    doc["offers"][0]["price_per_instance_hour_usd"] = float("nan")
+    doc["offers"][1]["price_per_instance_hour_usd"] = -1.0
+    doc["offers"][2]["price_per_instance_hour_usd"] = 0
+    doc["offers"][3]["gpu"] = "h100_sxn"
+    path = write(tmp_path, "bad.yaml", yaml.safe_dump(doc))
+    r = run("catalog", "validate", path)
+    assert_error(r, "6 problems",
+                 "gpus[0].memroy_gib_usable: unknown key (did you mean 'memory_gib_usable'?)",
+                 "gpus[1].mem_bandwidth_tbps: missing",
+                 "offers[0].price_per_instance_hour_usd: must be finite",
+                 "offers[1].price_per_instance_hour_usd: must be > 0",
+                 "offers[2].price_per_instance_hour_usd: must be > 0",
+                 "offers[3].gpu: unknown GPU id 'h100_sxn' (did you mean 'h100_sxm'?)")
+
+
+def test_duplicate_keys_are_refused_with_line(tmp_path):
+    path = write(tmp_path, "dup.yaml", "gpus: []\ngpus: []\n")
+    assert_error(run("catalog", "validate", path), "duplicate key 'gpus'", "line 2")
+
+
+def test_unsafe_tag_refused(tmp_path):
+    path = write(tmp_path, "evil.yaml", "gpus: !!python/object/new:os.system [echo pwned]\n")
+    assert_error(run("catalog", "validate", path), "unsafe or unknown tag refused")
+
+
+def test_yaml_bomb_and_oversize_refused(tmp_path):
+    bomb = "a: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]\n"
+    assert_error(run("catalog", "validate", write(tmp_path, "bomb.yaml", bomb)), "aliases are not allowed")
+    big = write(tmp_path, "big.yaml", "# " + "x" * (3 * 1024 * 1024))
+    assert_error(run("catalog", "validate", big), "over the 2048 KiB limit")
+
+
+def test_unknown_gpu_suggests_close_match():
+    assert_error(run("catalog", "show", "A100-80"), "unknown GPU 'A100-80'. Did you mean", "'a100_80gb_sxm'")
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    ({"lrr": 1}, ["lrr: unknown key"]),
+    ({"effective_batch": -16}, ["effective_batch: must be > 0"]),
+    ({"updates": float("nan")}, ["updates: must be finite"]),
+    ({"variants": [{"id": "a", "lr": "abc"}]}, ["variants[0].lr: must be a number"]),
+    ({"variants": [{"id": False, "lr": 1e-4}]}, ["variants[0].id: must be a string", "quote it"]),
+    ({"variants": [{"id": "a", "lr": 1e-4}, {"id": "a", "lr": 2e-4}]}, ["duplicate variant id 'a'"]),
+    ({"eval": {"every_updates": 50}}, ["eval.examples: missing", "eval.seq_len: missing"]),
+])
+def test_campaign_problems(tmp_path, edit, fragments):
+    ledger = standard_ledger(tmp_path / "l.db")
+    camp = write(tmp_path, "c.yaml", campaign_yaml(**edit))
+    assert_error(run("plan", "--campaign", camp, "--ledger", ledger), *fragments)
+
+
+def test_campaign_reads_1e_minus_4_as_a_number(tmp_path):
+    from planner.campaign import load_campaign_text
+
+    text = campaign_yaml().replace("lr: 0.0001", "lr: 1e-4")
+    assert "1e-4" in text
+    assert load_campaign_text(text, "t").variants[0].lr == 1e-4
+
+
+def test_missing_ledger_and_unknown_workload_params(tmp_path):
+    camp = write(tmp_path, "c.yaml", campaign_yaml())
+    assert_error(run("plan", "--campaign", camp, "--ledger", str(tmp_path / "none.db")), "no ledger at")
+    ledger = standard_ledger(tmp_path / "l.db")
+    camp2 = write(tmp_path, "c2.yaml", campaign_yaml(params={"layers": 99}))
+    assert_error(run("plan", "--campaign", camp2, "--ledger", ledger), "no ledger lines for workload", "rentplan probe")
+
+
+def test_probe_option_errors():
+    assert_error(run("probe", "--micro-batch", "3", "--effective-batch", "16", "--device", "cpu"),
+                 "not divisible by micro-batch 3")
+    assert_error(run("probe", "--precision", "fp8", "--device", "cpu"), "precision 'fp8'")
+    assert_error(run("probe", "--micro-batch", "0", "--device", "cpu"), "--micro-batch: '0' is not valid")
+    assert_error(run("probe", "--cap", "h100-sxm5", "--device", "cpu", "-w", "nope.py:f"), "not found")

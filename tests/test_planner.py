@@ -1,0 +1,115 @@
+"""Planner arithmetic and decisions, from fixture lines (no torch)."""
+
+import itertools
+import math
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.batching import accumulation_for, batch_plan
+from planner.campaign import load_campaign_text
+from planner.catalog import load_catalog
+from planner.errors import InputError, NoFeasibleGpu
+from planner.ledger import read_lines
+from planner.memory_model import Point, fit_phase
+from planner.plans import Item, objective, pack
+from planner.planning import make_plan
+from planner.select import FITS, NO_FIT, TIGHT, fit_verdict
+from tests.factories import GiB, MiB, campaign_yaml, standard_ledger
+
+L4_USABLE = int(22.49 * GiB)
+
+
+def test_units_l4_against_21_and_18_gib():
+    # need + 0.5 GiB context, × 1.10 headroom, against 22.49 GiB usable
+    assert fit_verdict(21 * GiB, GiB // 2, L4_USABLE, 0.10) == NO_FIT
+    assert fit_verdict(18 * GiB, GiB // 2, L4_USABLE, 0.10) == FITS
+    assert fit_verdict(19.5 * GiB, GiB // 2, L4_USABLE, 0.10) == TIGHT
+
+
+def test_catalog_l4_usable_memory_is_in_bytes():
+    l4 = load_catalog().gpu("l4")
+    assert l4.usable_bytes == int(22.49 * GiB)
+
+
+def test_batch_accounting_from_the_design():
+    bp = batch_plan(2, 8, 1, examples=3200)
+    assert bp.examples_per_update == 16
+    assert bp.updates_per_pass == 200 and bp.last_update_examples == 0
+    ragged = batch_plan(2, 8, 1, examples=3210)
+    assert ragged.updates_per_pass == 201 and ragged.last_update_examples == 10
+    assert batch_plan(2, 8, 1, examples=3210, drop_last=True).dropped_examples == 10
+    assert batch_plan(2, 8, 4).examples_per_update == 64  # data replicas multiply
+    assert accumulation_for(16, 4) == 4
+    with pytest.raises(InputError, match="not divisible"):
+        accumulation_for(16, 3)
+
+
+def test_memory_model_recovers_quadratic_terms_and_flags_extrapolation():
+    a, b, c = 50 * MiB, 4000.0, 3.0
+    pts = [Point(mb, s, a + b * mb * s + c * mb * s * s) for mb, s in [(1, 128), (2, 128), (1, 512), (4, 256)]]
+    fit = fit_phase("first_step", pts)
+    assert fit.kind == "fit3" and fit.max_rel_error < 1e-9
+    assert math.isclose(fit.predict(2, 512), a + b * 1024 + c * 1024 * 512, rel_tol=1e-9)
+    assert fit.in_range(2, 256) and not fit.in_range(8, 256)
+
+
+items_st = st.lists(st.tuples(st.integers(1, 3), st.integers(1, 40)), min_size=1, max_size=7)
+
+
+@settings(max_examples=200, deadline=None)
+@given(items_st, st.integers(0, 120))
+def test_packing_equals_brute_force(raw, capacity):
+    items = [Item(i, p, float(h)) for i, (p, h) in enumerate(raw)]
+    chosen = pack(items, float(capacity))
+    best = min((list(c) for r in range(len(items) + 1) for c in itertools.combinations(range(len(items)), r)
+                if sum(items[i].hours for i in c) <= capacity), key=lambda c: objective(items, c))
+    assert objective(items, chosen) == objective(items, best)
+    assert chosen == best
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.1, 5.0), st.floats(1.0, 12.0)), min_size=2, max_size=6), st.integers(1, 12))
+def test_cheapest_offer_equals_brute_force(offers, hours_needed):
+    """The plan's marked offer is the cheapest among offers completing priority 1 (brute force over offers)."""
+    from planner.plans import plan_windows
+
+    camp = load_campaign_text(campaign_yaml(setup_hours=0), "t")
+    sheet = pd.DataFrame([{"offer": f"o{i}", "gpu": "g", "provider": "p", "strategy": "single", "verdict": FITS,
+                           "variant_hours_low": h / speed, "variant_hours_high": h / speed,
+                           "price_per_instance_hour_usd": price, "billing_minimum_hours": 0.0}
+                          for i, (price, speed) in enumerate(offers) for h in [hours_needed]])
+    plans = plan_windows(sheet, camp, [3])
+    cost = {r.offer: r.price_per_instance_hour_usd * r.variant_hours_high * 2 for r in sheet.itertuples()}
+    best = min(cost.values())
+    marked = plans[plans["cheapest_for_priority_1"]]
+    assert len(marked) == 1
+    assert math.isclose(marked.iloc[0]["cost_usd_high"], best, rel_tol=1e-9)
+
+
+def test_plan_from_fixture_ledger(tmp_path):
+    ledger = standard_ledger(tmp_path / "l.db")
+    camp = load_campaign_text(campaign_yaml(), "t")
+    res = make_plan(camp, read_lines(ledger), load_catalog(), 0.10, [3, 7, 30])
+    sheet = res.sheet
+    assert {FITS} <= set(sheet["verdict"])
+    row = sheet.iloc[0]
+    assert row["micro_batch"] * row["grad_accum"] * row["replicas"] == 16  # effective batch kept
+    assert "allocated peak × 1.15" in row["need_basis"]
+    assert row["update_s_low"] <= row["update_s_high"]
+    v100 = sheet[sheet["gpu"] == "v100_16gb"].iloc[0]
+    assert v100["precision"] == "fp16" and "sm_80" in v100["notes"]
+    assert set(res.plans["days"]) == {3, 7, 30}
+    assert res.plans.groupby("days")["cheapest_for_priority_1"].sum().eq(1).all()
+
+
+def test_nothing_fits_names_need_phase_and_closest(tmp_path):
+    ledger = standard_ledger(tmp_path / "l.db", scale=4000)  # ~400 GiB and up
+    camp = load_campaign_text(campaign_yaml(), "t")
+    with pytest.raises(NoFeasibleGpu) as e:
+        make_plan(camp, read_lines(ledger), load_catalog(), 0.10)
+    msg = str(e.value)
+    assert msg.startswith("no GPU in the catalog fits")
+    assert "phase" in msg and "Closest: b200 with 179.06 GiB usable" in msg
