@@ -165,7 +165,9 @@ def spec_from_options(o: dict) -> GridSpec:
 
 def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: bool):
     """Check the workload here (clear errors before any worker starts), then run the grid."""
-    from probes.runner import run_grid
+    from probes.runner import run_grid, start_workers
+
+    start_workers()  # warms up in parallel with the check below
     from probes.workloads import load_workload
 
     load_workload(spec.workload, spec.params)

@@ -37,6 +37,16 @@ def _context():
     return _CTX
 
 
+def start_workers() -> None:
+    """Start the forkserver now (it imports torch and warms up in the background), so that its start
+    overlaps with whatever the caller does next instead of delaying the first configuration."""
+    from multiprocessing import forkserver
+
+    _context()
+    with _main_module_hidden():
+        forkserver.ensure_running()
+
+
 @contextlib.contextmanager
 def _main_module_hidden():
     """Workers never need the parent's __main__ (a pytest runner, a console script); without this the

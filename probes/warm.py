@@ -10,6 +10,7 @@ from safetensors.torch import save_model  # noqa: F401
 
 import probes.builtin  # noqa: F401
 import probes.pilot  # noqa: F401
+import probes.runner  # noqa: F401  the workers' entry point (and pandas, via the ledger)
 
 
 def _warm() -> None:

@@ -1,0 +1,61 @@
+"""CUDA checks (skipped without a GPU; run by benchmarks/gpu_check.sh whenever a GPU is lent)."""
+
+import dataclasses
+import json
+
+import pytest
+
+from planner.ledger import read_lines
+from planner.records import PHASES, ProbeConfig
+
+pytestmark = pytest.mark.gpu
+PARAMS = {"layers": 4, "d_model": 256, "heads": 4, "vocab": 8192}
+
+
+def cfg(**kw):
+    kw.setdefault("seq_len", 256)
+    kw.setdefault("eval_seq_len", 512)
+    return ProbeConfig(params_json=json.dumps(PARAMS, sort_keys=True), device="cuda", **kw)
+
+
+def test_cuda_counters_are_ordered_and_never_added(ledger_path):
+    from probes.runner import run_grid
+
+    res = run_grid([cfg(micro_batch=4, precision="bf16")], ledger_path, progress=lambda m: None)
+    df = read_lines(ledger_path)
+    df = df[df.run_id == res.run_ids[0]]
+    assert list(df["phase"]) == list(PHASES) and (df["verdict"] == "ok").all(), df[["phase", "detail"]]
+    for r in df.itertuples():
+        assert r.peak_reserved_bytes >= r.peak_allocated_bytes > 0, r.phase
+        assert r.device_used_bytes >= r.peak_reserved_bytes, r.phase  # driver-level covers the pool
+        assert r.context_bytes > 0 and r.num_ooms_delta == 0
+        assert r.cuda_version and r.device_name
+
+
+def test_cap_below_need_is_oom_and_next_config_starts_clean(ledger_path):
+    from probes.runner import run_grid
+
+    small, big = cfg(micro_batch=1), cfg(micro_batch=64, seq_len=1024, eval_seq_len=1024)
+    res = run_grid([dataclasses.replace(big, cap="64MiB", cap_bytes=64 * 2**20), small],
+                   ledger_path, progress=lambda m: None)
+    df = read_lines(ledger_path)
+    first, second = (df[df.run_id == r] for r in res.run_ids)
+    assert "oom" in set(first["verdict"])
+    assert (second["verdict"] == "ok").all()
+    # a fresh process: the next configuration's setup starts from an empty allocator
+    assert second[second.phase == "setup"]["baseline_allocated_bytes"].iloc[0] == 0
+
+
+def test_estimated_memory_model_predicts_a_held_out_cuda_config(ledger_path):
+    from planner.memory_model import build_model
+    from probes.runner import run_grid
+
+    grid = [cfg(micro_batch=mb, seq_len=s, eval_seq_len=s) for mb, s in [(1, 256), (2, 256), (1, 512), (4, 512)]]
+    held = cfg(micro_batch=2, seq_len=512, eval_seq_len=512)
+    run_grid(grid + [held], ledger_path, progress=lambda m: None)
+    df = read_lines(ledger_path)
+    model = build_model(df[df.config_key != held.key()], 1.15)
+    actual = df[(df.config_key == held.key()) & (df.phase == "first_step")]["peak_reserved_bytes"].iloc[0]
+    predicted = model.fits["first_step"].predict(2, 512)
+    print(f"held-out first_step reserved: predicted {predicted / 2**20:.1f} MiB, measured {actual / 2**20:.1f} MiB")
+    assert abs(predicted - actual) / actual < 0.10
