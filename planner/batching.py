@@ -66,3 +66,41 @@ def largest_micro_batch(effective_batch: int, replicas: int, limit: int) -> int 
         if share % mb == 0:
             return mb
     return None
+
+
+def _parse_setting(text: str) -> dict[str, int]:
+    out = {}
+    for part in text.split(","):
+        if "=" not in part:
+            raise InputError(f"--compare {text!r}: use micro=4,accum=4[,replicas=2].")
+        k, v = part.split("=", 1)
+        k = {"micro": "micro_batch", "micro_batch": "micro_batch", "accum": "grad_accum", "grad_accum": "grad_accum",
+             "replicas": "replicas"}.get(k.strip())
+        if k is None:
+            raise InputError(f"--compare {text!r}: keys are micro, accum, replicas.")
+        out[k] = int(v)
+    return out
+
+
+def compare_settings(micro_batch: int, grad_accum: int, replicas: int, other: str, hold: str,
+                     examples: int | None, updates: int | None, seq_len: int | None):
+    """Two settings side by side: what stays fixed and what changes under --hold updates|epochs."""
+    import pandas as pd
+
+    b = {"micro_batch": micro_batch, "grad_accum": grad_accum, "replicas": replicas}
+    o = {**b, **_parse_setting(other)}
+    rows = []
+    for name, s in (("current", b), ("compare", o)):
+        bp = batch_plan(s["micro_batch"], s["grad_accum"], s["replicas"], examples, seq_len)
+        if hold == "updates":
+            n_updates = updates or (batch_plan(**b, examples=examples).updates_per_pass if examples else None)
+        else:
+            n_updates = bp.updates_per_pass
+        seen = n_updates * bp.examples_per_update if n_updates else None
+        rows.append({"setting": name, **s, "examples_per_update": bp.examples_per_update, "updates": n_updates,
+                     "examples_seen": seen, "passes": round(seen / examples, 3) if seen and examples else None})
+    df = pd.DataFrame(rows)
+    fixed = "updates" if hold == "updates" else "passes over the data"
+    changes = [c for c in ("examples_per_update", "updates", "examples_seen") if df[c].nunique(dropna=False) > 1]
+    df.attrs["summary"] = f"held fixed: {fixed}; changes: {', '.join(changes) or 'nothing'}"
+    return df

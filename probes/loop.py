@@ -77,6 +77,8 @@ class Trainer:
         self.amp_dtype = AMP_DTYPES.get(cfg.precision)
         self.update = 0  # optimizer updates done
         self.position = 0  # index of the next micro-batch in the data stream
+        self.window: dict | None = None  # the accumulation window in progress
+        self._batches: list[dict] | None = None
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
@@ -87,26 +89,36 @@ class Trainer:
                                      seq_len or self.cfg.seq_len)
         return b
 
-    def train_update(self, indices: list[int] | None = None) -> UpdateResult:
-        """One optimizer update over the micro-batches `indices` (default: the next grad_accum)."""
-        if indices is None:
-            indices = list(range(self.position, self.position + self.cfg.grad_accum))
+    # An update is a window of micro-batches: begin (fetch and count), micro-steps, finish (optimizer step).
+    # The window's progress and the partial gradients are part of the checkpoint, so a run can stop and
+    # resume exactly even in the middle of an accumulation window.
+
+    def begin_window(self, indices: list[int]) -> None:
         batches = [self.batch(i) for i in indices]
         counts = [count_targets(self.workload, b) for b in batches]
-        total = sum(counts)
-        if total <= 0:
+        if sum(counts) <= 0:
             raise RuntimeError(f"update {self.update + 1}: no counted target in its micro-batches {indices}")
-        loss_sum = 0.0
-        for b, n in zip(batches, counts):
-            with self.autocast():
-                loss = self.workload.compute_loss(self.model, to_device(b, self.device))
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise NonFinite(self.update + 1)
-            weighted = loss * (n / total)  # mean over the window's counted targets, not naive /K
-            (self.scaler.scale(weighted) if self.scaler else weighted).backward()
-            loss_sum += value * n
-            del loss, weighted
+        self.window = {"indices": list(indices), "counts": counts, "done": 0, "loss_sum": 0.0}
+        self._batches = batches
+
+    def micro_step(self) -> float:
+        w = self.window
+        i = w["done"]
+        b = self._batches[i] if self._batches is not None else self.batch(w["indices"][i])
+        n, total = w["counts"][i], sum(w["counts"])
+        with self.autocast():
+            loss = self.workload.compute_loss(self.model, to_device(b, self.device))
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise NonFinite(self.update + 1)
+        weighted = loss * (n / total)  # mean over the window's counted targets, not a naive /K
+        (self.scaler.scale(weighted) if self.scaler else weighted).backward()
+        w["loss_sum"] += value * n
+        w["done"] += 1
+        return value
+
+    def finish_window(self) -> UpdateResult:
+        w = self.window
         if self.scaler:
             self.scaler.unscale_(self.optimizer)  # once, right before clipping
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP_NORM)
@@ -117,11 +129,34 @@ class Trainer:
                 raise NonFinite(self.update + 1, "gradients (fp16 loss scale collapsed)")
         else:
             self.optimizer.step()
-        self.scheduler.step()
+        self.scheduler.step()  # once per optimizer update, never per micro-batch
         self.optimizer.zero_grad(set_to_none=True)
         self.update += 1
-        self.position = indices[-1] + 1
-        return UpdateResult(loss_sum / total, total, len(indices))
+        self.position = w["indices"][-1] + 1
+        total = sum(w["counts"])
+        self.window, self._batches = None, None
+        return UpdateResult(w["loss_sum"] / total, total, len(w["indices"]))
+
+    def train_update(self, indices: list[int] | None = None, stop_after: int | None = None) -> UpdateResult | None:
+        """One optimizer update over `indices` (default: the next grad_accum micro-batches). With stop_after,
+        stop once that many micro-batches of the window are done (returns None; the window stays open)."""
+        if self.window is None:
+            self.begin_window(indices if indices is not None else
+                              list(range(self.position, self.position + self.cfg.grad_accum)))
+        while self.window["done"] < len(self.window["indices"]):
+            if stop_after is not None and self.window["done"] >= stop_after:
+                return None
+            self.micro_step()
+        return self.finish_window()
+
+    def train_epoch(self, n_micro_batches: int, start: int = 0) -> list[UpdateResult]:
+        """A pass over n micro-batches in windows of grad_accum; a short last window is normalised by its own
+        counted targets, and gradients are cleared at the boundary (nothing leaks into the next epoch)."""
+        results = []
+        for first in range(start, start + n_micro_batches, self.cfg.grad_accum):
+            last = min(first + self.cfg.grad_accum, start + n_micro_batches)
+            results.append(self.train_update(list(range(first, last))))
+        return results
 
     @torch.no_grad()
     def evaluate(self, micro_batch: int, seq_len: int, index: int = 0, split: str = "val") -> float:
@@ -152,6 +187,8 @@ class Trainer:
             "rng": rng,
             "update": self.update,
             "position": self.position,
+            "window": self.window,
+            "grads": ([p.grad for p in self.model.parameters()] if self.window and self.window["done"] else None),
         }
 
     def save(self, path: str) -> int:
@@ -161,8 +198,7 @@ class Trainer:
         return os.path.getsize(path)
 
     def load(self, path: str) -> None:
-        state = torch.load(path, map_location=self.device, weights_only=True)
-        self.load_state_dict(state)
+        self.load_state_dict(safe_load(path, self.device))
 
     def load_state_dict(self, state: dict) -> None:
         required = ["model", "optimizer", "scheduler", "rng", "update", "position"]
@@ -184,6 +220,13 @@ class Trainer:
             torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), self.device)
         self.update = int(state["update"])
         self.position = int(state["position"])
+        self.window, self._batches = state.get("window"), None
+        if self.window and self.window["done"]:
+            grads = state.get("grads")
+            if grads is None:
+                raise ResumeError("checkpoint is inside an accumulation window but holds no partial gradients")
+            for p, g in zip(self.model.parameters(), grads):
+                p.grad = None if g is None else g.to(self.device)
 
 
 def list_state(state):
@@ -193,3 +236,18 @@ def list_state(state):
 
 def tuple_state(state):
     return tuple(tuple_state(s) if isinstance(s, list) else s for s in state)
+
+
+def safe_load(path: str, device: torch.device | str = "cpu") -> dict:
+    """Load a checkpoint without ever unpickling code: refuse any global outside torch's weights-only set
+    first (this check does not depend on TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD), then load with weights_only=True."""
+    from torch.serialization import get_unsafe_globals_in_checkpoint
+
+    try:
+        unsafe = get_unsafe_globals_in_checkpoint(path)
+    except Exception as e:  # noqa: BLE001  not a torch zip checkpoint at all
+        raise ResumeError(f"{path} is not a torch checkpoint this tool can read safely ({e})") from None
+    if unsafe:
+        raise ResumeError(f"refusing {path}: it references globals outside plain tensors and containers "
+                          f"({', '.join(sorted(unsafe))}); loading it could run code")
+    return torch.load(path, map_location=device, weights_only=True)

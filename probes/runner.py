@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -83,6 +84,53 @@ def _worker_main(phases: tuple[str, ...], cfg_dict: dict, workdir: str, run_id: 
     finally:
         conn.send(("done", None))
         conn.close()
+
+
+def _call_main(fn, args, conn) -> None:
+    os.setpgrp()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        result = ("ok", fn(*args))
+    except BaseException as e:  # noqa: BLE001
+        from probes.pilot import last_line
+
+        result = ("error", last_line(e))
+    # Plain pickle bytes: multiprocessing's own pickler would pass tensors as shared-memory handles
+    # that die with this process. The receiver is our own parent, so unpickling is safe.
+    try:
+        conn.send_bytes(pickle.dumps(result))
+    finally:
+        conn.close()
+
+
+def call_in_worker(fn, args: tuple, timeout_s: float = DEFAULT_TIMEOUT_S):
+    """Run fn(*args) in a fresh forkserver worker and return its result; failures raise RuntimeError."""
+    ctx = _context()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_call_main, args=(fn, args, child))
+    with _main_module_hidden():
+        proc.start()
+    child.close()
+    timed_out = False
+    try:
+        if not parent.poll(timeout_s):
+            timed_out = True
+            raise RuntimeError(f"worker timed out after {timeout_s:.0f} s")
+        try:
+            kind, payload = pickle.loads(parent.recv_bytes())
+        except EOFError:
+            proc.join(5)
+            raise RuntimeError(f"worker died (exit code {proc.exitcode})") from None
+        if kind == "error":
+            raise RuntimeError(payload)
+        return payload
+    finally:
+        if timed_out:
+            _kill(proc)
+        proc.join(10)
+        if proc.is_alive():
+            _kill(proc)
+        parent.close()
 
 
 @dataclass

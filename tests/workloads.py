@@ -75,3 +75,61 @@ def not_a_workload():
 
 def raises(**kw):
     raise ValueError("bad parameter combination")
+
+
+def pads_and_counts_padding(**kw):
+    """A gpt with right padding and an attention mask whose labels still count the padded positions."""
+    w = _Wrapped(**kw)
+    make = w.make_batch
+
+    def make_batch(split, index, micro_batch, seq_len):
+        b = make(split, index, micro_batch, seq_len)
+        mask = torch.ones_like(b["input_ids"], dtype=torch.bool)
+        mask[:, -4:] = False
+        b["input_ids"] = b["input_ids"].masked_fill(~mask, 0)
+        b["labels"] = b["input_ids"].roll(-1, dims=1)  # the bug: padding gets labels too
+        b["attention_mask"] = mask
+        return b
+
+    w.make_batch = make_batch
+    return w
+
+
+def ignores_model(**kw):
+    """compute_loss does not depend on the model's output: overfit must fail."""
+    w = _Wrapped(**kw)
+
+    def compute_loss(model, batch):
+        logits = torch.zeros(batch["labels"].numel(), w.vocab)
+        anchor = sum(p.sum() for p in model.parameters()) * 0.0  # keeps backward() working
+        return torch.nn.functional.cross_entropy(logits, batch["labels"].flatten().clamp(min=0)) + anchor
+
+    w.compute_loss = compute_loss
+    return w
+
+
+class _Counter(GPT):
+    calls = 0
+
+    def make_batch(self, split, index, micro_batch, seq_len):
+        _Counter.calls += 1  # the bug: its own counter instead of `index`
+        return super().make_batch(split, _Counter.calls, micro_batch, seq_len)
+
+
+def own_counter(**kw):
+    return _Counter(**kw)
+
+
+def variable_mask(**kw):
+    """Micro-batches with different numbers of counted targets (for the normalisation tests)."""
+    w = _Wrapped(**kw)
+    make = w.make_batch
+
+    def make_batch(split, index, micro_batch, seq_len):
+        b = make(split, index, micro_batch, seq_len)
+        keep = 1 + (index * 3) % (seq_len // 2)  # only the last `keep` positions count
+        b["labels"][:, : seq_len - keep] = -100
+        return b
+
+    w.make_batch = make_batch
+    return w
