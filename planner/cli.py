@@ -83,7 +83,7 @@ def lines_view(df: pd.DataFrame, fmt: str) -> pd.DataFrame:
         "alloc peak": df["peak_allocated_bytes"].map(fmt_bytes),
         "reserved peak": df["peak_reserved_bytes"].map(fmt_bytes),
         "device-level": df["device_used_bytes"].map(fmt_bytes),
-        "time": df["seconds"].map(fmt_seconds),
+        "time": df["seconds"].where(df["mode"] == "measured").map(fmt_seconds),  # estimates time nothing
         "per update": df["update_s"].map(fmt_seconds),
         "detail": df["detail"].fillna("").str.slice(0, 60),
     })
@@ -181,11 +181,15 @@ def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: 
 @ledger_option
 @click.option("--timeout", "timeout_s", default=900.0, show_default=True, help="seconds per worker before it is killed")
 @click.option("--retry-failed", is_flag=True, help="rerun configurations whose earlier run failed (new run ids)")
+@click.option("--find", type=click.Choice(["max-micro-batch", "max-seq-len"]), default=None,
+              help="search the largest size that fits under --cap (predict, confirm with real probes, bracket)")
 @format_option
 @friendly_errors
-def probe(ledger_path, timeout_s, retry_failed, fmt, **opts):
+def probe(ledger_path, timeout_s, retry_failed, find, fmt, **opts):
     """Run the pilot grid: every configuration through every phase, one ledger line per phase."""
     spec = spec_from_options(opts)
+    if find:
+        return run_find(spec, find, ledger_path, fmt)
     result = run_probe(spec, ledger_path, timeout_s, retry_failed)
     df = read_lines(ledger_path)
     keys = {c.key() for c in build_grid(spec)}
@@ -193,6 +197,48 @@ def probe(ledger_path, timeout_s, retry_failed, fmt, **opts):
     click.echo(render(lines_view(df, fmt), fmt))
     if result.interrupted:
         raise KeyboardInterrupt
+
+
+@cli.command()
+@grid_options
+@ledger_option
+@click.option("--timeout", "timeout_s", default=900.0, show_default=True)
+@format_option
+@friendly_errors
+def estimate(ledger_path, timeout_s, fmt, **opts):
+    """Size configurations too big for this machine: the same phases under fake tensors (no memory touched).
+    Lines are mode=estimated; CPU kernels are used (CUDA-only kernels such as flash attention may need less)."""
+    opts["device"] = "cpu"
+    spec = spec_from_options(opts)
+    spec.mode = "estimated"
+    result = run_probe(spec, ledger_path, timeout_s, False)
+    df = read_lines(ledger_path)
+    df = df[df["config_key"].isin({c.key() for c in build_grid(spec)})]
+    click.echo(render(lines_view(df, fmt), fmt))
+    if fmt in ("table", "markdown"):
+        click.echo("estimated: allocated bytes under FakeTensorMode with CPU kernels; no reserved pool, no times.")
+    if result.interrupted:
+        raise KeyboardInterrupt
+
+
+def run_find(spec: GridSpec, find: str, ledger_path: str, fmt: str) -> None:
+    from probes.search import find_max
+
+    if not spec.cap_bytes:
+        raise InputError("--find needs --cap GPU_ID (or a size): it searches what fits under that cap.")
+    for name in ("micro_batch", "seq_len"):
+        if len(getattr(spec, name) or []) > 1:
+            raise InputError(f"--find takes one value for --{name.replace('_', '-')} (the fixed dimension).")
+    res = find_max(spec, find, ledger_path, progress=progress)
+    rows = pd.DataFrame([{"size": s, "verdict": v} for s, v in res.tried])
+    click.echo(render(rows, fmt))
+    what = "micro-batch" if find == "max-micro-batch" else "seq_len"
+    if res.best is None:
+        raise click.ClickException(f"not even the smallest {what} ran under the cap {spec.cap}: "
+                                   f"{res.tried[-1] if res.tried else ''}")
+    bracket = f"; {res.failed_above} failed" if res.failed_above else " (no failure up to the search limit)"
+    click.echo(f"largest {what} that ran under cap {spec.cap}: {res.best}{bracket}. "
+               f"{res.real_probes} real probe(s) after {res.estimate_probes} estimate(s).")
 
 
 # ---------------------------------------------------------------- ledger

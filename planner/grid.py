@@ -80,6 +80,7 @@ class GridSpec:
     cap: str = ""
     cap_bytes: int | None = None
     device: str = "cpu"
+    mode: str = "measured"
 
 
 def build_grid(spec: GridSpec) -> list[ProbeConfig]:
@@ -116,7 +117,8 @@ def build_grid(spec: GridSpec) -> list[ProbeConfig]:
                     workload=spec.workload, params_json=json.dumps(spec.params or {}, sort_keys=True),
                     micro_batch=mb, seq_len=seq, eval_seq_len=eval_seq, eval_micro_batch=spec.eval_micro_batch or mb,
                     grad_accum=acc, precision=prec, checkpointing=ckpt, optimizer=opt, lr=spec.lr,
-                    steady_updates=spec.steady_updates, cap=spec.cap, cap_bytes=spec.cap_bytes, device=spec.device))
+                    steady_updates=spec.steady_updates, cap=spec.cap, cap_bytes=spec.cap_bytes, device=spec.device,
+                    mode=spec.mode))
     return configs
 
 

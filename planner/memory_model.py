@@ -29,15 +29,19 @@ class Point:
 @dataclass
 class PhaseFit:
     phase: str
-    kind: str  # fit3 (a,b,c least squares) | linear (through the baseline) | constant
+    kind: str  # fit3 | linear | constant, optionally "floor+" (max of a floor line and the activation fit)
     coef: tuple[float, float, float]
     points: list[Point]
     max_rel_error: float = 0.0  # on the points it was fit to
+    floor: tuple[float, float] | None = None  # f0 + f1·tokens: the peak that does not grow with activations
 
     def predict(self, micro_batch: int, seq_len: int) -> float:
         a, b, c = self.coef
         t = micro_batch * seq_len
-        return a + b * t + c * t * seq_len
+        act = a + b * t + c * t * seq_len
+        if self.floor is None:
+            return act
+        return max(act, self.floor[0] + self.floor[1] * t)
 
     def in_range(self, micro_batch: int, seq_len: int) -> bool:
         mbs = [p.micro_batch for p in self.points]
@@ -45,7 +49,8 @@ class PhaseFit:
         return min(mbs) <= micro_batch <= max(mbs) and min(seqs) <= seq_len <= max(seqs)
 
 
-def fit_phase(phase: str, points: list[Point]) -> PhaseFit:
+def _poly(points: list[Point]) -> tuple[np.ndarray, str]:
+    """a + b·t + c·t·s with as many terms as the distinct points allow; slopes never negative."""
     distinct = {(p.micro_batch, p.seq_len) for p in points}
     y = np.array([p.bytes for p in points], dtype=float)
     t = np.array([p.micro_batch * p.seq_len for p in points], dtype=float)
@@ -54,27 +59,55 @@ def fit_phase(phase: str, points: list[Point]) -> PhaseFit:
         X = np.stack([np.ones_like(t), t, t * s], axis=1)
         coef, *_ = np.linalg.lstsq(X, y, rcond=None)
         if coef[2] < 0 or coef[1] < 0:  # memory never shrinks with more tokens: refit without that term
-            X2 = X[:, :2] if coef[2] < 0 else X[:, [0, 2]]
-            c2, *_ = np.linalg.lstsq(X2, y, rcond=None)
-            coef = np.array([c2[0], c2[1], 0.0]) if coef[2] < 0 else np.array([c2[0], 0.0, c2[1]])
-        kind = "fit3"
-    elif len(distinct) == 2:
+            cols = [0, 1] if coef[2] < 0 else [0, 2]
+            c2, *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
+            coef = np.zeros(3)
+            coef[cols] = c2
+        return np.maximum(coef, [-np.inf, 0, 0]), "fit3"
+    if len(distinct) == 2:
         (m1, s1), (m2, s2) = sorted(distinct)
         y1 = np.mean([p.bytes for p in points if (p.micro_batch, p.seq_len) == (m1, s1)])
         y2 = np.mean([p.bytes for p in points if (p.micro_batch, p.seq_len) == (m2, s2)])
-        slope = max(0.0, (y2 - y1) / ((m2 * s2) - (m1 * s1))) if m2 * s2 != m1 * s1 else 0.0
-        coef, kind = np.array([y1 - slope * m1 * s1, slope, 0.0]), "linear"
-    else:
-        p = points[0]
-        base = p.baseline if p.baseline is not None else p.bytes
-        slope = max(0.0, (p.bytes - base) / (p.micro_batch * p.seq_len))
-        coef, kind = np.array([p.bytes - slope * p.micro_batch * p.seq_len, slope, 0.0]), "linear"
-        if slope == 0:
-            kind = "constant"
-    fit = PhaseFit(phase, kind, tuple(float(c) for c in coef), points)
-    errs = [abs(fit.predict(p.micro_batch, p.seq_len) - p.bytes) / p.bytes for p in points if p.bytes > 0]
-    fit.max_rel_error = max(errs) if errs else 0.0
-    return fit
+        t1, t2 = m1 * s1, m2 * s2
+        slope = max(0.0, (y2 - y1) / (t2 - t1)) if t2 != t1 else 0.0
+        return np.array([y1 - slope * t1, slope, 0.0]), "linear"
+    p = points[0]
+    base = p.baseline if p.baseline is not None else p.bytes
+    slope = max(0.0, (p.bytes - base) / (p.micro_batch * p.seq_len))
+    return np.array([p.bytes - slope * p.micro_batch * p.seq_len, slope, 0.0]), "linear" if slope else "constant"
+
+
+def _floor(points: list[Point]) -> tuple[float, float]:
+    t = np.array([p.micro_batch * p.seq_len for p in points], dtype=float)
+    y = np.array([p.bytes for p in points], dtype=float)
+    if len(set(t)) < 2:
+        return float(y.max()), 0.0
+    f1, f0 = np.polyfit(t, y, 1)
+    return float(f0), float(max(f1, 0.0))
+
+
+def _errors(fit: PhaseFit) -> float:
+    errs = [abs(fit.predict(p.micro_batch, p.seq_len) - p.bytes) / p.bytes for p in fit.points if p.bytes > 0]
+    return max(errs) if errs else 0.0
+
+
+def fit_phase(phase: str, points: list[Point]) -> PhaseFit:
+    """A single activation fit, or max(floor, activation fit) where the phase's peak has two regimes (e.g. the
+    optimizer step's fixed peak at small sizes, the backward pass's at large ones): the lower error wins."""
+    coef, kind = _poly(points)
+    best = PhaseFit(phase, kind, tuple(float(c) for c in coef), points)
+    best.max_rel_error = _errors(best)
+    ordered = sorted(points, key=lambda p: p.bytes)
+    for k in range(1, len(ordered) - 1):
+        low, high = ordered[:k], ordered[k:]
+        if len({(p.micro_batch, p.seq_len) for p in high}) < 2:
+            continue
+        c2, k2 = _poly(high)
+        cand = PhaseFit(phase, f"floor+{k2}", tuple(float(c) for c in c2), points, floor=_floor(low))
+        cand.max_rel_error = _errors(cand)
+        if cand.max_rel_error < best.max_rel_error - 1e-6:
+            best = cand
+    return best
 
 
 @dataclass

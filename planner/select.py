@@ -186,8 +186,10 @@ def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, 
         return {**empty, "time_basis": t.basis}
     ev = campaign.eval
     eval_ratio = (ev.examples * ev.seq_len) / (3 * campaign.effective_batch * seq)  # forward only: 1/3 of training
-    export = fam.lines[(fam.lines["phase"] == "export") & (fam.lines["verdict"] == "ok")]["seconds"]
+    lines = fam.lines
+    export = lines[(lines["phase"] == "export") & (lines["verdict"] == "ok") & (lines["mode"] == "measured")]["seconds"]
     export_s = float(export.max()) if len(export) else 0.0
+    export_basis = f"export {export_s:.2f} s measured on {tp.device}" if len(export) else "export time not measured"
     passes = ev.passes(campaign.updates)
     var_lo = (campaign.updates * t.low_s + passes * t.low_s * eval_ratio + export_s) / 3600
     var_hi = (campaign.updates * t.high_s + passes * t.high_s * eval_ratio + export_s) / 3600
@@ -197,7 +199,7 @@ def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, 
     return {
         "update_s_low": t.low_s, "update_s_high": t.high_s,
         "eval_pass_s_low": t.low_s * eval_ratio, "eval_pass_s_high": t.high_s * eval_ratio, "export_s": export_s,
-        "time_basis": t.basis + f"; export {export_s:.2f} s measured on {tp.device}",
+        "time_basis": f"{t.basis}; {export_basis}",
         "variant_hours_low": var_lo, "variant_hours_high": var_hi,
         "campaign_hours_low": hours_lo, "campaign_hours_high": hours_hi,
         "campaign_cost_usd_low": price * max(hours_lo, offer.billing_minimum_hours),

@@ -9,6 +9,7 @@ steps once per optimizer update.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -53,13 +54,16 @@ class UpdateResult:
 class Trainer:
     """Model, optimizer, scheduler and scaler for one configuration, with exact-resume state."""
 
-    def __init__(self, workload, cfg: ProbeConfig, device: torch.device, split: str = "train"):
+    def __init__(self, workload, cfg: ProbeConfig, device: torch.device, split: str = "train", fake: bool = False):
         self.workload, self.cfg, self.device, self.split = workload, cfg, device, split
+        self.fake = fake  # under FakeTensorMode: no values exist, so nothing is read back (.item())
         if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise RuntimeError("bf16 is not supported on this GPU (needs sm_80+); use fp16 or fp32")
         with torch.device(device):
             self.model = workload.build_model()
-        self.model.to(device)  # parameters created on the CPU by a workload that ignores the context
+        tensors = list(self.model.parameters()) + list(self.model.buffers())
+        if any(t.device != device for t in tensors):  # a workload that ignored the device context
+            self.model.to(device)
         if cfg.checkpointing:
             if not hasattr(self.model, "gradient_checkpointing_enable"):
                 raise RuntimeError("checkpointing=on but the model has no gradient_checkpointing_enable()")
@@ -73,7 +77,8 @@ class Trainer:
         else:
             raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_lambda)
-        self.scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+        # fp16 needs a scaler; under fake tensors it cannot run (it reads found-inf flags), and its state is tiny
+        self.scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" and not fake else None
         self.amp_dtype = AMP_DTYPES.get(cfg.precision)
         self.update = 0  # optimizer updates done
         self.position = 0  # index of the next micro-batch in the data stream
@@ -85,9 +90,17 @@ class Trainer:
 
     def batch(self, index: int, split: str | None = None, micro_batch: int | None = None,
               seq_len: int | None = None) -> dict:
-        b = self.workload.make_batch(split or self.split, index, micro_batch or self.cfg.micro_batch,
-                                     seq_len or self.cfg.seq_len)
-        return b
+        args = (split or self.split, index, micro_batch or self.cfg.micro_batch, seq_len or self.cfg.seq_len)
+        with self.real_tensors():  # data is small and made for real, also under estimates
+            return self.workload.make_batch(*args)
+
+    def real_tensors(self):
+        """Under fake tensors, a context where ops run for real (data, target counts); else a no-op."""
+        if not self.fake:
+            return contextlib.nullcontext()
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        return unset_fake_temporarily()
 
     # An update is a window of micro-batches: begin (fetch and count), micro-steps, finish (optimizer step).
     # The window's progress and the partial gradients are part of the checkpoint, so a run can stop and
@@ -95,7 +108,8 @@ class Trainer:
 
     def begin_window(self, indices: list[int]) -> None:
         batches = [self.batch(i) for i in indices]
-        counts = [count_targets(self.workload, b) for b in batches]
+        with self.real_tensors():
+            counts = [count_targets(self.workload, b) for b in batches]
         if sum(counts) <= 0:
             raise RuntimeError(f"update {self.update + 1}: no counted target in its micro-batches {indices}")
         self.window = {"indices": list(indices), "counts": counts, "done": 0, "loss_sum": 0.0}
@@ -108,8 +122,8 @@ class Trainer:
         n, total = w["counts"][i], sum(w["counts"])
         with self.autocast():
             loss = self.workload.compute_loss(self.model, to_device(b, self.device))
-        value = float(loss.detach())
-        if not math.isfinite(value):
+        value = float("nan") if self.fake else float(loss.detach())
+        if not self.fake and not math.isfinite(value):
             raise NonFinite(self.update + 1)
         weighted = loss * (n / total)  # mean over the window's counted targets, not a naive /K
         (self.scaler.scale(weighted) if self.scaler else weighted).backward()
@@ -165,7 +179,7 @@ class Trainer:
             b = to_device(self.batch(index, split, micro_batch, seq_len), self.device)
             with self.autocast():
                 loss = self.workload.compute_loss(self.model, b)
-            return float(loss)
+            return float("nan") if self.fake else float(loss)
         finally:
             self.model.train()
 
@@ -214,7 +228,8 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng"]["torch"].cpu())
+        if not self.fake:  # a fake RNG state has no values to restore
+            torch.set_rng_state(state["rng"]["torch"].cpu())
         random.setstate(tuple_state(state["rng"]["python"]))
         if "cuda" in state["rng"] and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), self.device)

@@ -82,8 +82,9 @@ def reset_vm_hwm() -> None:
 class PhaseMeter:
     """Start/stop memory accounting around one phase on the worker's device."""
 
-    def __init__(self, device: torch.device, tracker: LiveTensorTracker | None):
+    def __init__(self, device: torch.device, tracker: LiveTensorTracker | None, fake: bool = False):
         self.device = device
+        self.fake = fake  # estimates: the process's RSS says nothing about the model
         self.tracker = tracker
         self.cuda = device.type == "cuda"
         self._ooms0 = 0
@@ -119,7 +120,7 @@ class PhaseMeter:
                 "context_bytes": max(0, total - free - reserved_now),
                 "num_ooms_delta": torch.cuda.memory_stats(self.device).get("num_ooms", 0) - self._ooms0,
             }
-        out = {"peak_reserved_bytes": None, "device_used_bytes": read_vm_hwm() or _rss()}
+        out = {"peak_reserved_bytes": None, "device_used_bytes": None if self.fake else (read_vm_hwm() or _rss())}
         if self.tracker is not None:
             out["peak_allocated_bytes"] = self.tracker.peak
         return out

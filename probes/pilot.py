@@ -72,6 +72,26 @@ def last_line(exc: BaseException) -> str:
     return text[-1][:500] if text else type(exc).__name__
 
 
+def _tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _clone_tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return {k: _clone_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone_tensors(v) for v in obj]
+    return obj
+
+
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
@@ -83,16 +103,22 @@ class Pilot:
         self.cfg, self.workdir, self.emit = cfg, workdir, emit
         self.run_id, self.probe_id = run_id, probe_id
         self.device = torch.device(cfg.device)
+        self.fake = cfg.mode == "estimated"
+        if self.fake and self.device.type != "cpu":
+            raise ValueError("estimates run CPU kernels under fake tensors: use device cpu")
         self.workload = load_workload(cfg.workload, json.loads(cfg.params_json))
         self.env = environment(self.device)
+        if self.fake:
+            self.env["device_name"] += " (FakeTensorMode: CPU kernels, no memory touched)"
         emit("env", self.env)
         self.tracker = LiveTensorTracker(cfg.cap_bytes) if self.device.type == "cpu" else None
         if self.device.type == "cuda" and cfg.cap_bytes:
             torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.cap_bytes / self.env["device_total_bytes"]),
                                                        self.device)
-        self.meter = PhaseMeter(self.device, self.tracker)
+        self.meter = PhaseMeter(self.device, self.tracker, self.fake)
         self.trainer: Trainer | None = None
         self.losses: list[float] = []
+        self._checkpoint: dict | None = None  # estimates: the state a checkpoint would hold
 
     @property
     def ckpt_path(self) -> str:
@@ -100,8 +126,11 @@ class Pilot:
 
     # --- phases: each returns the observed fields it adds to its line ---
 
+    def new_trainer(self) -> Trainer:
+        return Trainer(self.workload, self.cfg, self.device, fake=self.fake)
+
     def setup(self) -> dict:
-        self.trainer = Trainer(self.workload, self.cfg, self.device)
+        self.trainer = self.new_trainer()
         params = list(self.trainer.model.parameters())
         return {
             "param_count": sum(p.numel() for p in params),
@@ -116,12 +145,13 @@ class Pilot:
         self.losses.append(res.loss)
         opt_bytes = sum(t.numel() * t.element_size() for s in self.trainer.optimizer.state.values()
                         for t in s.values() if isinstance(t, torch.Tensor))
+        loss = None if self.fake else res.loss
         return {"flops_per_update": float(fc.get_total_flops()), "optimizer_state_bytes": opt_bytes,
-                "loss_first": res.loss, "loss_last": res.loss}
+                "loss_first": loss, "loss_last": loss}
 
     def steady(self) -> dict:
         times, ops0 = [], self.tracker.ops if self.tracker else 0
-        for _ in range(self.cfg.steady_updates):
+        for _ in range(1 if self.fake else self.cfg.steady_updates):  # estimates: every update is alike
             self.meter.synchronize()
             t0 = time.perf_counter()
             res = self.trainer.train_update()
@@ -129,42 +159,74 @@ class Pilot:
             times.append(time.perf_counter() - t0)
             self.losses.append(res.loss)
         ops = (self.tracker.ops - ops0) // max(1, len(times)) if self.tracker else None
+        if self.fake:  # nothing ran for real: no times, no losses
+            return {"ops_per_update": ops, "loss_first": None, "loss_last": None,
+                    "detail": "estimated: one update under fake tensors (no time measured)"}
         return {"update_times_s": json.dumps(times), "update_s": _median(times), "ops_per_update": ops,
                 "loss_first": self.losses[0], "loss_last": self.losses[-1]}
 
     def eval(self) -> dict:
         loss = self.trainer.evaluate(self.cfg.eval_micro_batch, self.cfg.eval_seq_len)
-        return {"loss_last": loss}
+        return {"loss_last": None if self.fake else loss}
 
     def save(self) -> dict:
+        if self.fake:  # torch.save writes tensors from their storages: no tensor memory beyond the state
+            state = self.trainer.state_dict()
+            return {"checkpoint_bytes": _tensor_bytes(state), "detail": "estimated: state size, no file written"}
         return {"checkpoint_bytes": self.trainer.save(self.ckpt_path)}
 
     def export(self) -> dict:
+        if self.fake:
+            return {"checkpoint_bytes": _tensor_bytes(self.trainer.model.state_dict()),
+                    "detail": "estimated: weights size, no file written"}
         from safetensors.torch import save_model
 
         path = os.path.join(self.workdir, f"{self.run_id}.model.safetensors")
         save_model(self.trainer.model, path)  # weights only; shared tensors handled by safetensors
         return {"checkpoint_bytes": os.path.getsize(path)}
 
+    def prepare_estimated_checkpoint(self) -> None:
+        """Estimates of resume: the state a checkpoint would hold, made before tracking starts (it is on disk)."""
+        trainer = self.new_trainer()
+        trainer.train_update()
+        trainer.update = 1 + self.cfg.steady_updates
+        trainer.position = trainer.update * self.cfg.grad_accum
+        self._checkpoint = trainer.state_dict()
+
     def resume(self) -> dict:
         # A fresh process: build, load the full checkpoint (weights_only=True), take one update.
-        self.trainer = Trainer(self.workload, self.cfg, self.device)
-        self.trainer.load(self.ckpt_path)
+        self.trainer = self.new_trainer()
+        if self.fake:  # torch.load materialises every tensor of the file, then load_state_dict copies them in
+            loaded = _clone_tensors(self._checkpoint)
+            self.trainer.load_state_dict(loaded)
+            del loaded
+        else:
+            self.trainer.load(self.ckpt_path)
         expected = 1 + self.cfg.steady_updates
         if self.trainer.update != expected:
             raise RuntimeError(f"resumed at update {self.trainer.update}, expected {expected}")
         res = self.trainer.train_update()
-        return {"loss_first": res.loss, "loss_last": res.loss,
+        loss = None if self.fake else res.loss
+        return {"loss_first": loss, "loss_last": loss,
                 "detail": f"resumed at update {expected}, position {self.trainer.position - self.cfg.grad_accum}"}
 
     # --- running ---
 
     def run(self, phases: tuple[str, ...]) -> bool:
         """Run phases in order; stop after the first that does not end ok. True when all ended ok."""
-        with self.tracker if self.tracker is not None else contextlib.nullcontext():
-            for phase in phases:
-                if not self._run_phase(phase):
-                    return False
+        fake_mode = contextlib.nullcontext()
+        if self.fake:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        # The tracker is entered last, so it sees every op first and counts the (fake) storages made below it.
+        with fake_mode:
+            if self.fake and "resume" in phases:
+                self.prepare_estimated_checkpoint()
+            with self.tracker if self.tracker is not None else contextlib.nullcontext():
+                for phase in phases:
+                    if not self._run_phase(phase):
+                        return False
         return True
 
     def _run_phase(self, phase: str) -> bool:
