@@ -75,7 +75,8 @@ def lines_view(df: pd.DataFrame, fmt: str) -> pd.DataFrame:
     view = pd.DataFrame({
         "run": df["run_id"],
         "config": [f"mb{r.micro_batch}×{r.seq_len} acc{r.grad_accum} {r.precision} {r.optimizer}"
-                   f"{' ckpt' if r.checkpointing else ''}{' cap=' + r.cap if r.cap else ''}" for r in df.itertuples()],
+                   f"{' ckpt' if r.checkpointing else ''}{' cap=' + r.cap if r.cap else ''}"
+                   f"{f' {r.strategy}×{r.world_size} r{r.rank}' if r.world_size > 1 else ''}" for r in df.itertuples()],
         "phase": df["phase"],
         "verdict": df["verdict"],
         "mode": df["mode"],
@@ -131,6 +132,8 @@ def grid_options(fn):
         click.option("--cap", default=None, help="cap memory at a catalog GPU's usable memory (GPU id) or a size"),
         click.option("--catalog", "catalog_path", default=None, type=click.Path(dir_okay=False)),
         click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N"),
+        click.option("--strategy", default=None, help="single | ddp | fsdp (FSDP2 fully_shard per block)"),
+        click.option("--nproc", default=None, type=int, help="ranks on this machine, started by torch's launcher"),
         click.option("--grid", "grid_file", default=None, type=click.Path(dir_okay=False),
                      help="probe YAML file with the same keys as these options"),
     ]
@@ -160,7 +163,8 @@ def spec_from_options(o: dict) -> GridSpec:
         optimizer=parse_list(pick("optimizer"), str, "--optimizer"),
         grad_accum=parse_list(pick("grad_accum"), positive_int, "--grad-accum"),
         effective_batch=pick("effective_batch"), steady_updates=pick("steady_updates") or 3,
-        lr=pick("lr") or 1e-4, cap=cap_label, cap_bytes=cap_bytes, device=resolve_device(o.get("device") or "auto"))
+        lr=pick("lr") or 1e-4, cap=cap_label, cap_bytes=cap_bytes, device=resolve_device(o.get("device") or "auto"),
+        strategy=pick("strategy") or "single", nproc=pick("nproc") or 1)
 
 
 def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: bool):

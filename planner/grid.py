@@ -15,7 +15,7 @@ from planner.yamlsafe import Problems, load_yaml_file
 
 GRID_KEYS = {"workload", "params", "micro_batch", "seq_len", "eval_seq_len", "eval_micro_batch", "precision",
              "checkpointing", "optimizer", "grad_accum", "effective_batch", "steady_updates", "lr", "cap",
-             "device", "timeout_s"}
+             "device", "timeout_s", "strategy", "nproc"}
 ON = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
 
 
@@ -81,6 +81,8 @@ class GridSpec:
     cap_bytes: int | None = None
     device: str = "cpu"
     mode: str = "measured"
+    strategy: str = "single"
+    nproc: int = 1
 
 
 def build_grid(spec: GridSpec) -> list[ProbeConfig]:
@@ -97,18 +99,26 @@ def build_grid(spec: GridSpec) -> list[ProbeConfig]:
             raise InputError(f"optimizer {o!r} is not one of {', '.join(OPTIMIZERS)}.")
     if spec.steady_updates < 3:
         raise InputError("steady_updates must be at least 3 (the median needs a few timed updates).")
+    if spec.strategy not in ("single", "ddp", "fsdp"):
+        raise InputError(f"strategy {spec.strategy!r} is not one of single, ddp, fsdp.")
+    if (spec.strategy == "single") != (spec.nproc == 1):
+        raise InputError("--strategy ddp|fsdp needs --nproc N >= 2 (and --nproc > 1 needs a strategy).")
+    if spec.mode == "estimated" and spec.nproc > 1:
+        raise InputError("distributed estimates (a fake process group under fake tensors) are not available yet: "
+                         "estimate one process and divide model states by N, or probe with --nproc on real devices.")
     if spec.effective_batch and spec.grad_accum:
         raise InputError("give --effective-batch or --grad-accum, not both (one determines the other).")
     configs = []
     for mb, seq, prec, ckpt, opt in itertools.product(micro, seqs, precisions, spec.checkpointing or [False],
                                                       optimizers):
         if spec.effective_batch:
-            if spec.effective_batch % mb:
+            per_step = mb * spec.nproc  # data replicas multiply the examples per update
+            if spec.effective_batch % per_step:
                 raise InputError(
-                    f"effective batch {spec.effective_batch} is not divisible by micro-batch {mb}: "
-                    f"grad_accum would not be whole, and the examples per update would change. "
-                    f"Use micro-batches that divide {spec.effective_batch}.")
-            accums = [spec.effective_batch // mb]
+                    f"effective batch {spec.effective_batch} is not divisible by micro-batch {mb}"
+                    f"{f' × {spec.nproc} ranks' if spec.nproc > 1 else ''}: grad_accum would not be whole, and "
+                    f"the examples per update would change. Use micro-batches that divide it.")
+            accums = [spec.effective_batch // per_step]
         else:
             accums = spec.grad_accum or [1]
         for acc in accums:
@@ -118,7 +128,7 @@ def build_grid(spec: GridSpec) -> list[ProbeConfig]:
                     micro_batch=mb, seq_len=seq, eval_seq_len=eval_seq, eval_micro_batch=spec.eval_micro_batch or mb,
                     grad_accum=acc, precision=prec, checkpointing=ckpt, optimizer=opt, lr=spec.lr,
                     steady_updates=spec.steady_updates, cap=spec.cap, cap_bytes=spec.cap_bytes, device=spec.device,
-                    mode=spec.mode))
+                    mode=spec.mode, strategy=spec.strategy, world_size=spec.nproc))
     return configs
 
 

@@ -70,8 +70,9 @@ class ProbeConfig:
     def label(self) -> str:
         ck = " ckpt" if self.checkpointing else ""
         cap = f" cap={self.cap}" if self.cap else ""
+        dist = f" {self.strategy}×{self.world_size}" if self.world_size > 1 else ""
         return (f"mb={self.micro_batch} seq={self.seq_len} eval={self.eval_micro_batch}x{self.eval_seq_len} "
-                f"acc={self.grad_accum} {self.precision} {self.optimizer}{ck}{cap}")
+                f"acc={self.grad_accum} {self.precision} {self.optimizer}{ck}{cap}{dist}")
 
 
 @dataclass(frozen=True)

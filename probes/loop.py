@@ -69,6 +69,12 @@ class Trainer:
                 raise RuntimeError("checkpointing=on but the model has no gradient_checkpointing_enable()")
             self.model.gradient_checkpointing_enable()
         self.model.train()
+        self.rank, self.world = 0, 1
+        if cfg.strategy != "single":
+            self.model = wrap_for_strategy(self.model, cfg.strategy, device)
+            import torch.distributed as dist
+
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
         params = [p for p in self.model.parameters() if p.requires_grad]
         if cfg.optimizer == "adamw":
             self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, foreach=True)
@@ -90,6 +96,8 @@ class Trainer:
 
     def batch(self, index: int, split: str | None = None, micro_batch: int | None = None,
               seq_len: int | None = None) -> dict:
+        # Data replicas read disjoint micro-batches: global index = index × world + rank.
+        index = index * self.world + self.rank
         args = (split or self.split, index, micro_batch or self.cfg.micro_batch, seq_len or self.cfg.seq_len)
         with self.real_tensors():  # data is small and made for real, also under estimates
             return self.workload.make_batch(*args)
@@ -206,13 +214,52 @@ class Trainer:
         }
 
     def save(self, path: str) -> int:
-        tmp = f"{path}.tmp-{os.getpid()}"
-        torch.save(self.state_dict(), tmp)
-        os.replace(tmp, path)  # a crash mid-save never leaves a half-written checkpoint under the name
+        state = self.state_dict()
+        if self.cfg.strategy == "fsdp":  # sharded model and optimizer: each rank writes its shards
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+
+            msd, osd = get_state_dict(self.model, self.optimizer)
+            dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=f"{path}.dcp")
+            state.update(model=None, optimizer=None, grads=None)
+        if self.rank == 0:  # replicated state: one writer
+            tmp = f"{path}.tmp-{os.getpid()}"
+            torch.save(state, tmp)
+            os.replace(tmp, path)  # a crash mid-save never leaves a half-written checkpoint under the name
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+        return os.path.getsize(path) + _dir_size(f"{path}.dcp")
+
+    def export(self, path: str) -> int:
+        from safetensors.torch import save_file, save_model
+
+        if self.cfg.strategy == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if self.rank == 0:
+                save_file({k: v.contiguous() for k, v in full.items()}, path)
+        elif self.rank == 0:
+            save_model(getattr(self.model, "module", self.model), path)  # shared tensors handled by safetensors
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
         return os.path.getsize(path)
 
     def load(self, path: str) -> None:
-        self.load_state_dict(safe_load(path, self.device))
+        state = safe_load(path, self.device)
+        if self.cfg.strategy == "fsdp":
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+            msd, osd = get_state_dict(self.model, self.optimizer)
+            dcp.load({"model": msd, "optimizer": osd}, checkpoint_id=f"{path}.dcp")
+            set_state_dict(self.model, self.optimizer, model_state_dict=msd, optim_state_dict=osd)
+            state = {**state, "model": None, "optimizer": None}
+        self.load_state_dict(state)
 
     def load_state_dict(self, state: dict) -> None:
         required = ["model", "optimizer", "scheduler", "rng", "update", "position"]
@@ -223,8 +270,9 @@ class Trainer:
             missing.append("rng.torch")
         if missing:
             raise ResumeError(f"checkpoint cannot restore the exact state: missing {', '.join(missing)}")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state["model"] is not None:  # None: restored from sharded files already
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
@@ -244,6 +292,26 @@ class Trainer:
                 p.grad = None if g is None else g.to(self.device)
 
 
+def wrap_for_strategy(model: torch.nn.Module, strategy: str, device: torch.device) -> torch.nn.Module:
+    """DDP (gradients as views into the all-reduce buckets: no second copy), or FSDP2 fully_shard on each
+    element of the model's largest ModuleList (its blocks) and then the root."""
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+        if lists:
+            for block in max(lists, key=len):
+                fully_shard(block)
+        fully_shard(model)
+        return model
+    raise ValueError(f"unknown strategy {strategy!r}: single, ddp or fsdp")
+
+
 def list_state(state):
     """random.getstate() as nested lists (plain types only, so weights_only loads it without allowlists)."""
     return [list_state(s) if isinstance(s, tuple) else s for s in state]
@@ -251,6 +319,12 @@ def list_state(state):
 
 def tuple_state(state):
     return tuple(tuple_state(s) if isinstance(s, list) else s for s in state)
+
+
+def _dir_size(path: str) -> int:
+    if not os.path.isdir(path):
+        return 0
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 def safe_load(path: str, device: torch.device | str = "cpu") -> dict:

@@ -20,13 +20,17 @@ from torch.utils._pytree import tree_flatten
 class LiveTensorTracker(TorchDispatchMode):
     """Counts live tensor-storage bytes exactly; raises torch.OutOfMemoryError past `cap_bytes`."""
 
-    def __init__(self, cap_bytes: int | None = None):
+    def __init__(self, cap_bytes: int | None = None, track_resizes: bool = False):
         super().__init__()
         self.cap_bytes = cap_bytes
         self.live = 0
         self.peak = 0
         self.ops = 0
         self._sizes: dict[int, int] = {}
+        # FSDP frees and re-gathers parameters by resizing storages in place (no dispatched op shows it):
+        # with track_resizes, every tracked storage's size is re-read after each op (slower; sharded runs only).
+        self.track_resizes = track_resizes
+        self._refs: dict[int, weakref.ref] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -34,6 +38,8 @@ class LiveTensorTracker(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._track(t)
+        if self.track_resizes:
+            self.refresh()
         if self.live > self.peak:
             self.peak = self.live
         if self.cap_bytes is not None and self.live > self.cap_bytes:
@@ -51,11 +57,27 @@ class LiveTensorTracker(TorchDispatchMode):
         self._sizes[key] = n
         self.live += n
         weakref.finalize(st, self._release, key)
+        if self.track_resizes:
+            self._refs[key] = weakref.ref(st)
 
     def _release(self, key: int) -> None:
         self.live -= self._sizes.pop(key, 0)
+        self._refs.pop(key, None)
+
+    def refresh(self) -> None:
+        """Account for storages resized in place since they were first seen."""
+        for key, ref in list(self._refs.items()):
+            st = ref()
+            if st is None:
+                continue
+            n = st.nbytes()
+            if n != self._sizes.get(key, n):
+                self.live += n - self._sizes[key]
+                self._sizes[key] = n
 
     def reset_peak(self) -> None:
+        if self.track_resizes:
+            self.refresh()
         self.peak = self.live
 
 

@@ -72,6 +72,12 @@ def last_line(exc: BaseException) -> str:
     return text[-1][:500] if text else type(exc).__name__
 
 
+def _local_bytes(t: torch.Tensor) -> int:
+    """Bytes this process holds for a tensor: a DTensor's local shard, else the tensor itself."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
 def _tensor_bytes(obj) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
@@ -99,9 +105,9 @@ def _median(xs: list[float]) -> float | None:
 class Pilot:
     """Holds the state one phase hands to the next."""
 
-    def __init__(self, cfg: ProbeConfig, workdir: str, emit: Emit, run_id: str, probe_id: str):
+    def __init__(self, cfg: ProbeConfig, workdir: str, emit: Emit, run_id: str, probe_id: str, rank: int = 0):
         self.cfg, self.workdir, self.emit = cfg, workdir, emit
-        self.run_id, self.probe_id = run_id, probe_id
+        self.run_id, self.probe_id, self.rank = run_id, probe_id, rank
         self.device = torch.device(cfg.device)
         self.fake = cfg.mode == "estimated"
         if self.fake and self.device.type != "cpu":
@@ -111,7 +117,8 @@ class Pilot:
         if self.fake:
             self.env["device_name"] += " (FakeTensorMode: CPU kernels, no memory touched)"
         emit("env", self.env)
-        self.tracker = LiveTensorTracker(cfg.cap_bytes) if self.device.type == "cpu" else None
+        self.tracker = (LiveTensorTracker(cfg.cap_bytes, track_resizes=cfg.strategy == "fsdp")
+                        if self.device.type == "cpu" else None)
         if self.device.type == "cuda" and cfg.cap_bytes:
             torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.cap_bytes / self.env["device_total_bytes"]),
                                                        self.device)
@@ -135,7 +142,7 @@ class Pilot:
         return {
             "param_count": sum(p.numel() for p in params),
             "trainable_param_count": sum(p.numel() for p in params if p.requires_grad),
-            "param_bytes": sum(p.numel() * p.element_size() for p in params),
+            "param_bytes": sum(_local_bytes(p) for p in params),  # this rank's share when sharded
         }
 
     def first_step(self) -> dict:
@@ -143,7 +150,7 @@ class Pilot:
         with FlopCounterMode(display=False) as fc:
             res = self.trainer.train_update()
         self.losses.append(res.loss)
-        opt_bytes = sum(t.numel() * t.element_size() for s in self.trainer.optimizer.state.values()
+        opt_bytes = sum(_local_bytes(t) for s in self.trainer.optimizer.state.values()
                         for t in s.values() if isinstance(t, torch.Tensor))
         loss = None if self.fake else res.loss
         return {"flops_per_update": float(fc.get_total_flops()), "optimizer_state_bytes": opt_bytes,
@@ -179,11 +186,9 @@ class Pilot:
         if self.fake:
             return {"checkpoint_bytes": _tensor_bytes(self.trainer.model.state_dict()),
                     "detail": "estimated: weights size, no file written"}
-        from safetensors.torch import save_model
-
         path = os.path.join(self.workdir, f"{self.run_id}.model.safetensors")
-        save_model(self.trainer.model, path)  # weights only; shared tensors handled by safetensors
-        return {"checkpoint_bytes": os.path.getsize(path)}
+        size = self.trainer.export(path)  # weights only (gathered to rank 0 when sharded)
+        return {"checkpoint_bytes": size}
 
     def prepare_estimated_checkpoint(self) -> None:
         """Estimates of resume: the state a checkpoint would hold, made before tracking starts (it is on disk)."""
@@ -250,7 +255,7 @@ class Pilot:
         fields.update(self.meter.stop())
         fields["seconds"] = seconds
         fields["detail"] = fields.get("detail") or detail
-        line = Line.from_config(self.cfg, run_id=self.run_id, probe_id=self.probe_id, phase=phase,
+        line = Line.from_config(self.cfg, run_id=self.run_id, probe_id=self.probe_id, phase=phase, rank=self.rank,
                                 verdict=verdict.value, started_at=started, **self.env, **fields)
         self.emit("line", line.to_dict())
         return verdict is Verdict.OK

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import multiprocessing as mp
 import os
 import pickle
@@ -214,7 +215,7 @@ def _kill(proc) -> None:
 
 
 def _missing_lines(cfg: ProbeConfig, phases, out: WorkerOutcome, run_id: str, probe_id: str, env: dict,
-                   cause: tuple[str, str] | None = None) -> list[Line]:
+                   cause: tuple[str, str] | None = None, rank: int = 0) -> list[Line]:
     """Lines the worker could not write. Phases run in order, so the first missing phase is the one in
     flight when the worker failed; it gets the failure's verdict and the phases after it are `skipped`."""
     written = {ln["phase"] for ln in out.lines}
@@ -235,7 +236,7 @@ def _missing_lines(cfg: ProbeConfig, phases, out: WorkerOutcome, run_id: str, pr
         else:
             verdict, detail = Verdict.SKIPPED, f"not reached: {cause[0]} ended {cause[1]}"
         lines.append(Line.from_config(cfg, run_id=run_id, probe_id=probe_id, phase=phase, verdict=verdict.value,
-                                      started_at=now, detail=detail, **base_env))
+                                      started_at=now, detail=detail, rank=rank, **base_env))
     return lines
 
 
@@ -282,8 +283,100 @@ def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: 
     return result
 
 
+def _launch_main(phases, cfg_dict, workdir, run_id, probe_id, conn) -> None:
+    os.setpgrp()  # the launcher and every rank share this group: one killpg ends them all
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from probes.distributed import launch
+
+    try:
+        launch(phases, cfg_dict, workdir, run_id, probe_id)
+        conn.send(("done", ""))
+    except BaseException as e:  # noqa: BLE001  ChildFailedError: a rank failed; its own line says how
+        from probes.pilot import last_line
+
+        conn.send(("failed", last_line(e)))
+    finally:
+        conn.close()
+
+
+def _read_rank_files(workdir: str, run_id: str, phases, world: int, offsets: dict, outs: dict, on_line,
+                     on_phase) -> None:
+    from probes.distributed import rank_file
+
+    for rank in range(world):
+        path = rank_file(workdir, run_id, rank, phases[0])
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            f.seek(offsets.get(rank, 0))
+            for raw in f:
+                if not raw.endswith("\n"):
+                    break  # a torn last line: read it next time, complete
+                offsets[rank] = offsets.get(rank, 0) + len(raw.encode())
+                kind, payload = json.loads(raw)
+                out = outs[rank]
+                if kind == "env":
+                    out.env = payload
+                elif kind == "phase":
+                    out.in_flight = payload
+                    on_phase(rank, payload)
+                elif kind == "line":
+                    out.lines.append(payload)
+                    out.in_flight = None
+                    on_line(payload)
+
+
+def _run_ranks(phases, cfg: ProbeConfig, workdir, run_id, probe_id, timeout_s, on_line, on_phase) -> dict:
+    """Launch cfg.world_size ranks; return WorkerOutcome per rank (lines, in-flight phase, failure)."""
+    ctx = _context()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_launch_main, args=(phases, dataclasses.asdict(cfg), workdir, run_id, probe_id, child))
+    with _main_module_hidden():
+        proc.start()
+    child.close()
+    outs = {r: WorkerOutcome() for r in range(cfg.world_size)}
+    offsets: dict = {}
+    deadline = time.monotonic() + timeout_s
+    status, message = None, ""
+    try:
+        while status is None:
+            if time.monotonic() > deadline:
+                status, message = "timeout", f"no result within the {timeout_s:.0f} s timeout (all ranks stopped)"
+                break
+            if parent.poll(0.3):
+                try:
+                    status, message = parent.recv()
+                except (EOFError, OSError):
+                    status, message = "died", f"launcher died (exit code {proc.exitcode})"
+            elif not proc.is_alive():
+                status, message = "died", f"launcher died (exit code {proc.exitcode})"
+            _read_rank_files(workdir, run_id, phases, cfg.world_size, offsets, outs, on_line, on_phase)
+    except KeyboardInterrupt:
+        status, message = "interrupted", "interrupted (Ctrl-C or SIGTERM)"
+    finally:
+        if status != "done":
+            _kill(proc)
+        proc.join(10)
+        parent.close()
+    _read_rank_files(workdir, run_id, phases, cfg.world_size, offsets, outs, on_line, on_phase)
+    if status != "done":
+        failed = [(r, o) for r, o in outs.items() if any(ln["verdict"] != Verdict.OK.value for ln in o.lines)]
+        why = (f"stopped after rank {failed[0][0]} failed in "
+               f"{next(ln['phase'] for ln in failed[0][1].lines if ln['verdict'] != Verdict.OK.value)}"
+               if failed else message)
+        verdict = {"timeout": Verdict.TIMEOUT, "interrupted": Verdict.INTERRUPTED}.get(status, Verdict.KILLED)
+        for r, o in outs.items():
+            if o in (x for _, x in failed):
+                continue
+            o.verdict = Verdict.ERROR if (status == "failed" and not failed) else verdict
+            o.detail = message if (status == "failed" and not failed) else why
+    return outs
+
+
 def _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress) -> bool:
     """Run one configuration (training worker, then a fresh resume worker). False when interrupted."""
+    if cfg.world_size > 1:
+        return _run_config_ranks(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress)
     env: dict = {}
     train, resume = PHASES[:-1], PHASES[-1:]
     for phases in (train, resume):
@@ -304,6 +397,38 @@ def _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress
     for name in os.listdir(workdir):
         if name.startswith(run_id):
             os.remove(os.path.join(workdir, name))
+    return True
+
+
+def _run_config_ranks(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress) -> bool:
+    """The distributed twin of _run_config: one line per phase per rank."""
+    train, resume = PHASES[:-1], PHASES[-1:]
+    causes: dict[int, tuple[str, str]] = {}
+    for phases in (train, resume):
+        if causes:  # resume needs the checkpoint: not reached on any rank
+            for r in range(cfg.world_size):
+                cause = causes.get(r) or next(iter(causes.values()))
+                ledger.extend(_missing_lines(cfg, phases, WorkerOutcome(), run_id, probe_id, {}, cause, rank=r))
+            break
+        outs = _run_ranks(phases, cfg, workdir, run_id, probe_id, timeout_s,
+                          on_line=lambda ln: ledger.append(Line(**ln)),
+                          on_phase=lambda r, ph: progress(f"{tag} · rank {r} · {ph}"))
+        interrupted = False
+        for r, out in outs.items():
+            extra = _missing_lines(cfg, phases, out, run_id, probe_id, out.env, rank=r)
+            ledger.extend(extra)
+            interrupted |= out.verdict is Verdict.INTERRUPTED
+            bad = [ln for ln in out.lines + [x.to_dict() for x in extra] if ln["verdict"] != Verdict.OK.value]
+            if bad:
+                causes[r] = (bad[0]["phase"], bad[0]["verdict"])
+        if interrupted:
+            return False
+    import shutil
+
+    for name in os.listdir(workdir):
+        if name.startswith(run_id):
+            path = os.path.join(workdir, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     return True
 
 

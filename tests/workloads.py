@@ -133,3 +133,19 @@ def variable_mask(**kw):
 
     w.make_batch = make_batch
     return w
+
+
+def rank_fails(rank: int = 1, how: str = "raise", **kw):
+    """One rank raises (or hangs) in its first update; the other ranks are fine."""
+    w = _Wrapped(**kw)
+    make = w.make_batch
+
+    def make_batch(split, index, micro_batch, seq_len):
+        if int(os.environ.get("RANK", "0")) == rank and split == "train":
+            if how == "raise":
+                raise RuntimeError(f"rank {rank} fails on purpose")
+            time.sleep(3600)
+        return make(split, index, micro_batch, seq_len)
+
+    w.make_batch = make_batch
+    return w

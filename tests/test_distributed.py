@@ -1,0 +1,77 @@
+"""Data-parallel and sharded pilots: 2 ranks on CPU (gloo), started by torch's elastic launcher."""
+
+import json
+import time
+
+import pytest
+
+from planner.ledger import read_lines
+from planner.records import PHASES, ProbeConfig
+from tests.conftest import WORKLOADS
+
+pytest.importorskip("torch")
+from probes.runner import run_grid  # noqa: E402
+
+P = {"layers": 2, "d_model": 64, "heads": 2, "vocab": 128}
+
+
+def cfg(strategy="single", n=1, ref="builtin:gpt", params=None, **kw):
+    kw = {"micro_batch": 2, "eval_micro_batch": 2, **kw}
+    return ProbeConfig(workload=ref, params_json=json.dumps({**P, **(params or {})}, sort_keys=True), seq_len=64,
+                       eval_seq_len=64, strategy=strategy, world_size=n, **kw)
+
+
+def by_run(ledger, run_id):
+    df = read_lines(ledger)
+    return df[df["run_id"] == run_id]
+
+
+@pytest.fixture(scope="module")
+def three_ways(tmp_path_factory):
+    ledger = str(tmp_path_factory.mktemp("d") / "l.db")
+    res = run_grid([cfg(), cfg("ddp", 2), cfg("fsdp", 2)], ledger, progress=lambda m: None)
+    return ledger, res.run_ids
+
+
+def test_ddp_two_ranks_each_write_every_phase(three_ways):
+    ledger, (single, ddp, _) = three_ways
+    d = by_run(ledger, ddp)
+    assert sorted(zip(d["rank"], d["phase"])) == sorted((r, p) for r in (0, 1) for p in PHASES)
+    assert (d["verdict"] == "ok").all() and (d["world_size"] == 2).all()
+    assert set(d["effective_batch"]) == {2 * by_run(ledger, single)["effective_batch"].iloc[0]}  # replicas count
+    s = by_run(ledger, single).set_index("phase")["peak_allocated_bytes"]
+    for rank in (0, 1):
+        mine = d[d["rank"] == rank].set_index("phase")["peak_allocated_bytes"]
+        assert abs(mine.max() - s.max()) <= 0.10 * s.max()  # the need per rank = the single-process need
+        for phase in ("first_step", "steady", "eval", "resume"):
+            assert abs(mine[phase] - s[phase]) <= 0.10 * s[phase], phase
+        # setup differs by design: DDP allocates the gradient buckets up front (grads live in them later)
+        assert mine["setup"] <= 2.05 * s["setup"]
+
+
+def test_fsdp_halves_model_states_per_rank(three_ways):
+    ledger, (single, _, fsdp) = three_ways
+    s = by_run(ledger, single).set_index("phase")
+    f = by_run(ledger, fsdp)
+    assert (f["verdict"] == "ok").all() and len(f) == 2 * len(PHASES)
+    for rank in (0, 1):
+        mine = f[f["rank"] == rank].set_index("phase")
+        for col, phase in (("param_bytes", "setup"), ("optimizer_state_bytes", "first_step")):
+            half = s.loc[phase, col] / 2
+            assert abs(mine.loc[phase, col] - half) <= 0.10 * half, (rank, col)
+
+
+@pytest.mark.parametrize("how, verdict", [("raise", "error"), ("hang", "timeout")])
+def test_a_failing_rank_ends_its_configuration_and_the_next_runs(tmp_path, how, verdict):
+    ledger = str(tmp_path / "l.db")
+    bad = cfg("ddp", 2, ref=f"{WORKLOADS}:rank_fails", params={"how": how})
+    t0 = time.monotonic()
+    res = run_grid([bad, cfg(micro_batch=1)], ledger, timeout_s=25, progress=lambda m: None)
+    assert time.monotonic() - t0 < 90
+    b = by_run(ledger, res.run_ids[0])
+    assert sorted(set(b["rank"])) == [0, 1]
+    assert sorted(zip(b["rank"], b["phase"])) == sorted((r, p) for r in (0, 1) for p in PHASES)  # a line each
+    first = b[b["phase"] == "first_step"].set_index("rank")["verdict"]
+    assert first[1] == verdict
+    assert first[0] in ("killed", "timeout", "error")  # stopped with its failing peer, and said so
+    assert (by_run(ledger, res.run_ids[1])["verdict"] == "ok").all()
