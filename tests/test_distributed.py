@@ -43,10 +43,13 @@ def test_ddp_two_ranks_each_write_every_phase(three_ways):
     for rank in (0, 1):
         mine = d[d["rank"] == rank].set_index("phase")["peak_allocated_bytes"]
         assert abs(mine.max() - s.max()) <= 0.10 * s.max()  # the need per rank = the single-process need
-        for phase in ("first_step", "steady", "eval", "resume"):
+        for phase in ("first_step", "steady", "resume"):
             assert abs(mine[phase] - s[phase]) <= 0.10 * s[phase], phase
-        # setup differs by design: DDP allocates the gradient buckets up front (grads live in them later)
-        assert mine["setup"] <= 2.05 * s["setup"]
+        # DDP's gradient buckets (the grads live in them) are allocated at setup and never freed, so the
+        # phases outside training hold one gradient-sized buffer more than a single process, which frees grads
+        grads = d[(d["rank"] == rank) & (d["phase"] == "setup")]["param_bytes"].iloc[0]
+        for phase in ("setup", "eval", "save", "export"):
+            assert mine[phase] <= s[phase] + grads * 1.01, phase
 
 
 def test_fsdp_halves_model_states_per_rank(three_ways):
