@@ -11,7 +11,11 @@ from planner.records import OPTIMIZERS, PRECISIONS
 from planner.yamlsafe import Problems, load_yaml_file, load_yaml_text
 
 TOP_KEYS = {"name", "workload", "params", "seq_len", "effective_batch", "updates", "eval", "export", "setup_hours",
-            "stop_if", "variants", "precision", "optimizer", "checkpointing", "budget_usd", "headroom", "notes"}
+            "stop_if", "variants", "precision", "optimizer", "checkpointing", "budget_usd", "headroom", "notes",
+            "compare", "micro_batch"}
+# What a variant may change: the declared variable (and its seed). Anything else would change what is compared.
+COMPARABLE = {"lr"}
+HELD_FIXED = TOP_KEYS - {"name", "variants", "budget_usd", "headroom", "notes", "setup_hours", "compare"}
 EVAL_KEYS = {"every_updates", "examples", "seq_len", "micro_batch"}
 STOP_KEYS = {"nonfinite", "loss_above"}
 VARIANT_KEYS = {"id", "priority", "lr", "seed", "note"}
@@ -57,6 +61,8 @@ class Campaign:
     budget_usd: float | None = None
     stop_if: dict = field(default_factory=lambda: {"nonfinite": True})
     source: str = ""
+    micro_batch: int | None = None
+    compare: str = "lr"
 
     @property
     def params_json(self) -> str:
@@ -98,6 +104,14 @@ def parse_campaign(data, source: str) -> Campaign:
         p.add("optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {data.get('optimizer')!r}")
     if data.get("checkpointing") is not None:
         p.boolean("checkpointing", data["checkpointing"])
+    if data.get("compare", "lr") not in COMPARABLE:
+        p.add("compare", f"the declared variable must be one of {', '.join(sorted(COMPARABLE))}, "
+                         f"got {data.get('compare')!r}")
+    if data.get("micro_batch") is not None:
+        mb = p.number("micro_batch", data["micro_batch"], positive=True, integer=True)
+        eb = data.get("effective_batch")
+        if mb and isinstance(eb, int) and eb % int(mb):
+            p.add("micro_batch", f"{mb} does not divide effective_batch {eb}")
     ev = data.get("eval")
     if ev is not None:
         if not isinstance(ev, dict):
@@ -129,7 +143,12 @@ def parse_campaign(data, source: str) -> Campaign:
                 if not isinstance(v, dict):
                     p.add(path, "must be a mapping with id, lr, priority")
                     continue
-                p.unknown_keys(path, v, VARIANT_KEYS)
+                held = sorted(k for k in v if k in HELD_FIXED)
+                for k in held:
+                    p.add(f"{path}.{k}", f"a variant may change only the declared variable "
+                                         f"({data.get('compare', 'lr')}); changing {k} would make the comparison "
+                                         f"unfair (architecture, data, effective batch and updates stay as the control's)")
+                p.unknown_keys(path, {k: x for k, x in v.items() if k not in held}, VARIANT_KEYS)
                 p.require(path, v, ["id", "lr"])
                 if v.get("id") is not None and p.text(f"{path}.id", v["id"]) is not None:
                     if v["id"] in ids:
@@ -154,7 +173,8 @@ def parse_campaign(data, source: str) -> Campaign:
         setup_hours=float(data.get("setup_hours", 1.0)), precision=data.get("precision", "bf16"),
         optimizer=data.get("optimizer", "adamw"), checkpointing=bool(data.get("checkpointing", False)),
         budget_usd=float(data["budget_usd"]) if data.get("budget_usd") else None,
-        stop_if=dict(data.get("stop_if") or {"nonfinite": True}), source=source)
+        stop_if=dict(data.get("stop_if") or {"nonfinite": True}), source=source,
+        micro_batch=_int(data["micro_batch"]) if data.get("micro_batch") else None, compare=data.get("compare", "lr"))
 
 
 def _int(x) -> int:

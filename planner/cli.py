@@ -420,9 +420,14 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
     from planner.planning import local_order, make_plan, recommend
     from planner.render import order_document, write_outputs
 
+    from planner.select import observed_times
+
     campaign = load_campaign(campaign_path)
     catalog = load_catalog(catalog_path)
-    result = make_plan(campaign, read_lines(ledger_path), catalog, headroom, parse_days(days))
+    with Ledger(ledger_path, create=False) as led:
+        lines, runs, metrics = led.frame(), led.table("campaign_runs"), led.table("campaign_metrics")
+    result = make_plan(campaign, lines, catalog, headroom, parse_days(days),
+                       observed=observed_times(runs, metrics, campaign))
     if offer_id == "local":
         order = local_order(campaign, result, catalog, headroom)
     else:
@@ -698,6 +703,190 @@ def split(data, by, time_col, gap, ratios, seed, out, check, fmt):
         for name, part in res.parts.items():
             write_table(part, Path(out) / f"{name}{src.suffix}")
         progress(f"wrote {', '.join(f'{n}{src.suffix}' for n in res.parts)} to {out}")
+
+
+# ---------------------------------------------------------------- campaign
+
+@cli.group()
+def campaign():
+    """Run the campaign's variants, report on them, and check the exported artifact."""
+
+
+@campaign.command("run")
+@click.argument("campaign_path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--variant", "variant_ids", multiple=True, help="only these variants (repeatable)")
+@click.option("--seeds", default="0", show_default=True, help="comma list of seeds per variant")
+@click.option("--lr", "lr_override", default=None, type=float,
+              help="retry a variant with another learning rate (a new run id; the old run stays)")
+@click.option("--updates", default=None, type=int, help="fewer updates than the spec (a shortened run)")
+@ledger_option
+@click.option("--out", default="rentplan-runs", show_default=True, type=click.Path(file_okay=False))
+@click.option("--device", default="auto", show_default=True)
+@friendly_errors
+def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger_path, out, device):
+    """Train each variant (and seed) with everything but the declared variable held to the control's."""
+    import dataclasses as dc
+
+    from planner.campaign import load_campaign
+    from probes.campaign import run_variant
+
+    camp = load_campaign(campaign_path)
+    chosen = [v for v in camp.variants if not variant_ids or v.id in variant_ids]
+    unknown = set(variant_ids) - {v.id for v in camp.variants}
+    if unknown:
+        raise InputError(f"unknown variant(s) {', '.join(sorted(unknown))}; the spec has "
+                         f"{', '.join(v.id for v in camp.variants)}.")
+    if lr_override is not None:
+        chosen = [dc.replace(v, lr=lr_override) for v in chosen]
+    dev = resolve_device(device)
+    for v in sorted(chosen, key=lambda v: v.priority):
+        for seed in parse_list(seeds, int, "--seeds"):
+            run_id = run_variant(camp, v, seed, ledger_path, out, dev, updates, progress=progress)
+            click.echo(f"{run_id}  {v.id}  lr {v.lr:g}  seed {seed}")
+
+
+def _campaign_frames(ledger_path: str, name: str | None):
+    with Ledger(ledger_path, create=False) as led:
+        runs, events, metrics, notes = (led.table(t) for t in ("campaign_runs", "campaign_events",
+                                                                "campaign_metrics", "notes"))
+    if name:
+        runs = runs[runs["campaign"] == name]
+    if runs.empty:
+        raise InputError("no campaign runs in this ledger" + (f" for campaign {name!r}" if name else "")
+                         + "; start with `rentplan campaign run campaign.yaml`.")
+    return runs, events, metrics, notes
+
+
+@campaign.command("report")
+@ledger_option
+@click.option("--campaign", "name", default=None, help="campaign name (default: every run in the ledger)")
+@click.option("--price", "price_per_hour", default=None, type=float, help="USD per hour of the chosen offer")
+@click.option("--out", default=None, type=click.Path(file_okay=False), help="write report.html, curves.svg/png")
+@format_option
+@friendly_errors
+def campaign_report(ledger_path, name, price_per_hour, out, fmt):
+    """One row per variant (status, updates, final and best validation, time, cost) and a conclusion."""
+    from planner.report import conclusion, run_table, variant_table
+
+    runs, events, metrics, notes = _campaign_frames(ledger_path, name)
+    table = run_table(runs, events, metrics)
+    variants = variant_table(table, price_per_hour)
+    said = conclusion(variants)
+    click.echo(render(variants, fmt))
+    if fmt in ("table", "markdown"):
+        click.echo("")
+        click.echo(render(table.drop(columns=["detail", "started_at"]), fmt))
+        click.echo(f"\nConclusion: {said}")
+    if out:
+        write_campaign_report(Path(out), runs, table, variants, metrics, notes, said)
+
+
+def write_campaign_report(out: Path, runs, table, variants, metrics, notes, said) -> None:
+    from datetime import datetime, timezone
+
+    from planner.render import atomic_write, render_template
+    from planner.report import curves_figure
+
+    out.mkdir(parents=True, exist_ok=True)
+    svg = curves_figure(runs, metrics, "svg").decode()
+    (out / "curves.png").write_bytes(curves_figure(runs, metrics, "png"))
+    atomic_write(out / "curves.svg", svg)
+    show = lambda df: [[("" if v is None or (isinstance(v, float) and v != v) else
+                         (f"{v:.4g}" if isinstance(v, float) else v)) for v in row] for row in df.values.tolist()]
+    ctx = {"campaign": ", ".join(sorted(set(runs["campaign"]))), "version": __version__,
+           "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "n_runs": len(table),
+           "conclusion": said, "variant_columns": list(variants.columns), "variants": show(variants),
+           "run_columns": list(table.columns), "runs": show(table), "svg": svg[svg.find("<svg"):],
+           "devices": ", ".join(sorted(set(runs["device_name"]))),
+           "notes": notes.to_dict(orient="records")}
+    atomic_write(out / "report.html", render_template("campaign_report.html.j2", ctx))
+    table.to_csv(out / "runs.csv", index=False)
+    progress(f"wrote {out / 'report.html'}, curves.svg, curves.png, runs.csv")
+
+
+@campaign.command("finish")
+@click.argument("run_id")
+@ledger_option
+@click.option("--out", default="rentplan-runs", show_default=True, type=click.Path(file_okay=False))
+@friendly_errors
+def campaign_finish(run_id, ledger_path, out):
+    """Reload the exported artifact in a fresh process and rerun the control inputs recorded at export."""
+    from probes.campaign import finish_check
+    from probes.runner import call_in_worker
+
+    run = _run_row(ledger_path, run_id)
+    run_dir = Path(out) / run_id
+    if not (run_dir / "model.safetensors").is_file():
+        raise InputError(f"no exported model for {run_id} in {run_dir} (did the run finish?).")
+    try:
+        res = call_in_worker(finish_check, (run["config_json"], str(run_dir)), 600)
+    except RuntimeError as e:
+        raise InputError(f"the artifact of {run_id} could not be reloaded: {e}") from None
+    if not res["same"]:
+        raise click.ClickException("artifact differs from the one exported: " + "; ".join(res["differences"]))
+    click.echo(f"{run_id}: the exported artifact reloads in a fresh process and reproduces the control outputs "
+               f"(loss {res['loss']!r})")
+
+
+def _run_row(ledger_path: str, run_id: str) -> pd.Series:
+    with Ledger(ledger_path, create=False) as led:
+        runs = led.table("campaign_runs")
+    hit = runs[runs["run_id"] == run_id]
+    if hit.empty:
+        raise InputError(f"no campaign run {run_id!r} in {ledger_path}; `rentplan campaign report` lists them.")
+    return hit.iloc[0]
+
+
+@cli.command()
+@click.argument("target")
+@click.argument("folder", required=False)
+@click.option("--to", "dest", default=None, type=click.Path(file_okay=False), help="archive folder to write")
+@ledger_option
+@click.option("--out", default="rentplan-runs", show_default=True, type=click.Path(file_okay=False))
+@friendly_errors
+def archive(target, folder, dest, ledger_path, out):
+    """`archive RUN --to DIR` writes a verifiable archive; `archive verify DIR` checks one."""
+    from planner.archive import verify_archive, write_archive
+
+    if target == "verify":
+        if not folder:
+            raise InputError("archive verify needs the archive folder.")
+        problems = verify_archive(Path(folder))
+        if problems:
+            raise click.ClickException(f"archive {folder} is not intact: " + "; ".join(problems))
+        click.echo(f"archive {folder} is intact: every file matches its sha256 in manifest.json")
+        return
+    if not dest:
+        raise InputError("archive RUN needs --to DIR.")
+    from planner.render import render_template
+    from planner.report import run_table
+
+    run = _run_row(ledger_path, target)
+    runs, events, metrics, notes = _campaign_frames(ledger_path, None)
+    status = run_table(runs[runs["run_id"] == target], events, metrics).iloc[0]["status"]
+    cfg = json.loads(run["config_json"])["config"]
+    readme = render_template("archive_readme.md.j2", {
+        "run_id": target, "variant": run["variant"], "campaign": run["campaign"], "version": __version__,
+        "device": run["device_name"], "torch_version": run["torch_version"], "code_revision": run["code_revision"],
+        "started_at": run["started_at"], "status": status, "dest": dest, "workload": cfg["workload"],
+        "params": cfg["params_json"]})
+    files = write_archive(Path(dest), run, Path(out) / target, metrics[metrics["run_id"] == target],
+                          events[events["run_id"] == target], notes[notes["run_id"].isin([target, None])], readme)
+    click.echo(f"archived {target} to {dest}: {', '.join(files)}")
+
+
+@cli.command()
+@click.argument("text")
+@click.option("--run", "run_id", default=None, help="attach the note to a run")
+@ledger_option
+@friendly_errors
+def note(text, run_id, ledger_path):
+    """Record a decision or observation, with the time, in the ledger; reports show it."""
+    from datetime import datetime, timezone
+
+    with Ledger(ledger_path) as led:
+        led.add("notes", {"run_id": run_id, "text": text, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    click.echo("noted")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,17 @@ def _column_type(f: dataclasses.Field) -> str:
 
 _COLUMNS = {f.name: _column_type(f) for f in dataclasses.fields(Line)}
 
+# Campaign tables: append-only like `lines`; a run's status is its latest event, never an edited row.
+TABLES = {
+    "campaign_runs": {"run_id": "TEXT", "campaign": "TEXT", "variant": "TEXT", "seed": "INTEGER", "lr": "REAL",
+                      "config_json": "TEXT", "device": "TEXT", "device_name": "TEXT", "torch_version": "TEXT",
+                      "code_revision": "TEXT", "started_at": "TEXT"},
+    "campaign_events": {"run_id": "TEXT", "event": "TEXT", "update_no": "INTEGER", "detail": "TEXT", "at": "TEXT"},
+    "campaign_metrics": {"run_id": "TEXT", "update_no": "INTEGER", "kind": "TEXT", "loss": "REAL", "lr": "REAL",
+                         "accuracy": "REAL", "seconds": "REAL", "at": "TEXT"},
+    "notes": {"run_id": "TEXT", "text": "TEXT", "at": "TEXT"},
+}
+
 
 def new_id(prefix: str = "r") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
@@ -65,6 +76,9 @@ class Ledger:
             for name, sql in _COLUMNS.items():
                 if name not in have:
                     self.db.execute(f"ALTER TABLE lines ADD COLUMN {name} {sql}")
+            for table, cols in TABLES.items():
+                spec = ", ".join(f"{c} {t}" for c, t in cols.items())
+                self.db.execute(f"CREATE TABLE IF NOT EXISTS {table} (seq INTEGER PRIMARY KEY AUTOINCREMENT, {spec})")
 
     def __enter__(self) -> "Ledger":
         return self
@@ -81,6 +95,21 @@ class Ledger:
         marks = ", ".join("?" for _ in row)
         with self.db:  # one transaction per line: committed (and fsynced) before we return
             self.db.execute(f"INSERT INTO lines ({names}) VALUES ({marks})", list(row.values()))
+
+    def add(self, table: str, row: dict) -> None:
+        """Append one row to a campaign table (committed before returning)."""
+        cols = TABLES[table]
+        unknown = set(row) - set(cols)
+        if unknown:
+            raise LedgerError(f"unknown columns for {table}: {', '.join(sorted(unknown))}")
+        names = ", ".join(row)
+        with self.db:
+            self.db.execute(f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' for _ in row)})", list(row.values()))
+
+    def table(self, name: str) -> pd.DataFrame:
+        if name not in TABLES:
+            raise LedgerError(f"unknown table {name!r}")
+        return pd.read_sql_query(f"SELECT * FROM {name} ORDER BY seq", self.db)
 
     def extend(self, lines: Iterable[Line]) -> None:
         for line in lines:

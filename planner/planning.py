@@ -23,12 +23,12 @@ class PlanResult:
 
 
 def make_plan(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: float = 0.10,
-              days: list[int] | None = None) -> PlanResult:
+              days: list[int] | None = None, observed: dict | None = None) -> PlanResult:
     if not 0 <= headroom < 1:
         raise InputError(f"--headroom must be a fraction in [0, 1), got {headroom}.")
     days = days or [3, 7, 30]
     fam = family_lines(lines, campaign)
-    sheet = select(campaign, lines, catalog, headroom)
+    sheet = select(campaign, lines, catalog, headroom, observed=observed)
     require_feasible(sheet, catalog)
     plans = plan_windows(sheet, campaign, days)
     return PlanResult(sheet, plans, budget_review(sheet, plans, campaign), fam)

@@ -108,8 +108,22 @@ def campaign_seq_len(campaign: Campaign, fam_lines: pd.DataFrame) -> tuple[int, 
     return seq, "longest probed (campaign sets no seq_len)"
 
 
+def observed_times(runs: pd.DataFrame, metrics: pd.DataFrame, campaign: Campaign) -> dict[str, dict]:
+    """Median update, evaluation-pass and export seconds per device, from this campaign's own runs."""
+    out: dict[str, dict] = {}
+    mine = runs[runs["campaign"] == campaign.name] if len(runs) else runs
+    for device, g in mine.groupby("device_name"):
+        m = metrics[metrics["run_id"].isin(g["run_id"])]
+        train, val, export = (m[m["kind"] == k]["seconds"] for k in ("train", "val", "export"))
+        if len(train):
+            out[str(device)] = {"update_s": float(train.median()), "updates": int(len(train)),
+                                "eval_pass_s": float(val.median()) if len(val) else None,
+                                "export_s": float(export.median()) if len(export) else None}
+    return out
+
+
 def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: float = 0.10,
-           offers: list[Offer] | None = None) -> pd.DataFrame:
+           offers: list[Offer] | None = None, observed: dict[str, dict] | None = None) -> pd.DataFrame:
     """The selection sheet: one row per offer, sorted fits first, then by campaign cost."""
     fam_lines = family_lines(lines, campaign)
     fams = families(fam_lines, catalog.fragmentation_factor)
@@ -118,7 +132,15 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
         raise LedgerError(f"no successful lines to plan from ({len(failed)} failed lines). "
                           "See `rentplan ledger show --verdict oom` and probe smaller configurations.")
     seq, seq_note = campaign_seq_len(campaign, fam_lines)
-    rows = [offer_row(campaign, catalog, catalog.gpu(o.gpu), o, fams, seq, headroom) for o in (offers or catalog.offers)]
+    seen = {}
+    for device, times in (observed or {}).items():
+        from planner.timing import match_catalog_gpu
+
+        g = match_catalog_gpu(device, catalog)
+        if g is not None:
+            seen[g.id] = {**times, "device": device}
+    rows = [offer_row(campaign, catalog, catalog.gpu(o.gpu), o, fams, seq, headroom, seen.get(o.gpu))
+            for o in (offers or catalog.offers)]
     df = pd.DataFrame(rows)
     df.attrs["seq_len_note"] = seq_note
     order = {FITS: 0, TIGHT: 1, NO_FIT: 2}
@@ -128,7 +150,7 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
 
 
 def offer_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams: dict[str, Family], seq: int,
-              headroom: float) -> dict:
+              headroom: float, observed: dict | None = None) -> dict:
     precision, why = choose_precision(gpu, campaign.precision)
     fam = family_for(fams, precision)
     ctx = catalog.context_bytes
@@ -170,7 +192,24 @@ def offer_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "notes": "; ".join(notes),
     }
     row.update(time_fields(campaign, catalog, gpu, offer, fam, precision, mb, seq, accum, replicas))
+    if observed and replicas == 1:
+        row.update(observed_fields(campaign, offer, observed))
     return row
+
+
+def observed_fields(campaign: Campaign, offer: Offer, obs: dict) -> dict:
+    """A campaign already ran on this GPU: its observed times replace the predictions (and say so)."""
+    t = obs["update_s"]
+    ev = obs["eval_pass_s"] if obs["eval_pass_s"] is not None else 0.0
+    ex = obs["export_s"] if obs["export_s"] is not None else 0.0
+    per_variant = (campaign.updates * t + campaign.eval.passes(campaign.updates) * ev + ex) / 3600
+    hours = campaign.setup_hours + len(campaign.variants) * per_variant
+    price = offer.price_per_instance_hour_usd
+    cost = price * max(hours, offer.billing_minimum_hours)
+    return {"update_s_low": t, "update_s_high": t, "eval_pass_s_low": ev, "eval_pass_s_high": ev, "export_s": ex,
+            "time_basis": f"observed in this campaign's runs on {obs['device']} (median of {obs['updates']} updates)",
+            "variant_hours_low": per_variant, "variant_hours_high": per_variant, "campaign_hours_low": hours,
+            "campaign_hours_high": hours, "campaign_cost_usd_low": cost, "campaign_cost_usd_high": cost}
 
 
 def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, accum, replicas) -> dict:

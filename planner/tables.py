@@ -33,6 +33,7 @@ def render(df: pd.DataFrame, fmt: str = "table", floatfmt: str = ".4g") -> str:
         return json.dumps(records(df), indent=2)
     if fmt == "csv":
         return df.astype(object).where(pd.notna(df), None).to_csv(index=False).rstrip("\n")
-    rows = [[("" if v is None else v) for v in r.values()] for r in records(df)]
+    rows = [[("" if v is None else format(v, floatfmt) if isinstance(v, float) else v) for v in r.values()]
+            for r in records(df)]
     tablefmt = "github" if fmt == "markdown" else "simple"
     return tabulate(rows, headers=list(df.columns), tablefmt=tablefmt, floatfmt=floatfmt, disable_numparse=True)

@@ -1,0 +1,154 @@
+"""Running the campaign: variants held to the control, divergence kept, retries as new ids, finish, archive."""
+
+import json
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+from planner.ledger import Ledger
+from tests.conftest import TINY
+from tests.factories import campaign_yaml, standard_ledger
+
+pytest.importorskip("torch")
+
+SPEC = """
+name: lr-comparison
+workload: builtin:gpt
+params: {layers: 1, d_model: 32, heads: 2, vocab: 64}
+seq_len: 32
+effective_batch: 16
+micro_batch: 8
+updates: 200
+eval: {every_updates: 10, examples: 16, seq_len: 32}
+precision: fp32
+stop_if: {nonfinite: true, loss_above: 20}
+variants:
+  - {id: control, lr: 1.0e-4, priority: 1}
+  - {id: lr-half, lr: 5.0e-5, priority: 2}
+  - {id: lr-double, lr: 2.0e-4, priority: 2}
+"""
+
+
+def run(*args, ok=True):
+    r = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    if ok:
+        assert r.exit_code == 0, r.output
+    return r
+
+
+@pytest.fixture(scope="module")
+def campaign_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("camp")
+    (d / "c.yaml").write_text(SPEC)
+    led, out = str(d / "l.db"), str(d / "runs")
+    run("campaign", "run", str(d / "c.yaml"), "--updates", "20", "--ledger", led, "--out", out)
+    # lr-double forced to diverge, then retried with another learning rate: both stay
+    run("campaign", "run", str(d / "c.yaml"), "--variant", "lr-double", "--lr", "1e4", "--updates", "20",
+        "--ledger", led, "--out", out)
+    run("campaign", "run", str(d / "c.yaml"), "--variant", "lr-double", "--lr", "3e-4", "--updates", "20",
+        "--ledger", led, "--out", out)
+    return d, led, out
+
+
+def runs_of(led):
+    with Ledger(led) as l:
+        return l.table("campaign_runs"), l.table("campaign_events"), l.table("campaign_metrics")
+
+
+def test_lr_comparison_report_keeps_the_diverged_run_and_its_retry(campaign_dir):
+    d, led, out = campaign_dir
+    runs, events, metrics = runs_of(led)
+    assert len(runs) == 5 and runs["run_id"].is_unique
+    r = run("campaign", "report", "--ledger", led, "--format", "json")
+    rows = json.loads(r.stdout)
+    lr_double = [x for x in rows if x["variant"] == "lr-double"]
+    assert {x["lr"] for x in lr_double} == {2e-4, 1e4, 3e-4}  # the failed attempt and its retry both remain
+    diverged = next(x for x in lr_double if x["lr"] == 1e4)
+    assert diverged["status"].startswith("diverged at update ")
+    r = run("campaign", "report", "--ledger", led, "--out", str(d / "rep"))
+    assert "Conclusion: " in r.stdout and "lr-double (lr 10000) diverged at update" in r.stdout
+    html = (d / "rep" / "report.html").read_text()
+    assert "<svg" in html and "diverged at update" in html
+    assert (d / "rep" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    # per update loss and learning rate, per validation point its metrics, all in the ledger
+    ctrl = runs[runs["variant"] == "control"]["run_id"].iloc[0]
+    m = metrics[metrics["run_id"] == ctrl]
+    assert len(m[m["kind"] == "train"]) == 20
+    assert list(m[m["kind"] == "val"]["update_no"]) == [10, 20]
+    assert m[m["kind"] == "train"]["lr"].notna().all()
+
+
+def test_seeds_are_reported_as_mean_and_spread(tmp_path):
+    (tmp_path / "c.yaml").write_text(SPEC)
+    led = str(tmp_path / "l.db")
+    run("campaign", "run", str(tmp_path / "c.yaml"), "--variant", "control", "--seeds", "1,2", "--updates", "10",
+        "--ledger", led, "--out", str(tmp_path / "runs"))
+    rows = json.loads(run("campaign", "report", "--ledger", led, "--format", "json").stdout)
+    assert rows[0]["seeds"] == 2 and rows[0]["final_val_loss_spread"] > 0
+
+
+def test_a_variant_that_changes_the_effective_batch_is_refused(tmp_path):
+    bad = SPEC.replace("{id: lr-half, lr: 5.0e-5, priority: 2}", "{id: lr-half, lr: 5.0e-5, effective_batch: 32}")
+    (tmp_path / "c.yaml").write_text(bad)
+    r = CliRunner().invoke(cli, ["campaign", "run", str(tmp_path / "c.yaml"), "--ledger", str(tmp_path / "l.db")])
+    assert r.exit_code == 1
+    assert "variants[1].effective_batch: a variant may change only the declared variable (lr)" in r.output
+
+
+def test_finish_detects_a_flipped_weight(campaign_dir):
+    d, led, out = campaign_dir
+    runs, _, _ = runs_of(led)
+    run_id = runs[runs["variant"] == "control"]["run_id"].iloc[0]
+    r = run("campaign", "finish", run_id, "--ledger", led, "--out", out)
+    assert "reproduces the control outputs" in r.stdout
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = f"{out}/{run_id}/model.safetensors"
+    weights = load_file(path)
+    name = next(iter(weights))
+    weights[name] = weights[name].clone()
+    weights[name].view(-1)[0] += 1.0
+    save_file(weights, path)
+    r = run("campaign", "finish", run_id, "--ledger", led, "--out", out, ok=False)
+    assert r.exit_code == 1 and "artifact differs" in r.output
+
+
+def test_archive_verify_fails_on_tampered_and_missing_files(campaign_dir, tmp_path):
+    d, led, out = campaign_dir
+    runs, _, _ = runs_of(led)
+    run_id = runs[runs["variant"] == "lr-half"]["run_id"].iloc[0]
+    run("note", "lr-half looks flat", "--run", run_id, "--ledger", led)
+    dest = tmp_path / "arch"
+    run("archive", run_id, "--to", str(dest), "--ledger", led, "--out", out)
+    assert "lr-half looks flat" in (dest / "notes.csv").read_text()
+    assert "git" in (dest / "README.md").read_text() or "revision" in (dest / "README.md").read_text()
+    assert run("archive", "verify", str(dest)).exit_code == 0
+    (dest / "config.json").write_text((dest / "config.json").read_text() + " ")
+    r = run("archive", "verify", str(dest), ok=False)
+    assert r.exit_code == 1 and "changed: config.json" in r.output
+    (dest / "metrics.csv").unlink()
+    r = run("archive", "verify", str(dest), ok=False)
+    assert "missing: metrics.csv" in r.output
+
+
+def test_planner_uses_observed_times_when_a_campaign_ran_on_that_gpu(tmp_path):
+    led = standard_ledger(tmp_path / "l.db")
+    with Ledger(led) as l:
+        l.add("campaign_runs", {"run_id": "c-1", "campaign": "test-campaign", "variant": "control", "seed": 0,
+                                "lr": 1e-4, "config_json": "{}", "device": "cuda:0",
+                                "device_name": "NVIDIA H100 80GB HBM3", "torch_version": "2.13.0",
+                                "code_revision": "x", "started_at": "2026-12-01"})
+        for u in range(1, 11):
+            l.add("campaign_metrics", {"run_id": "c-1", "update_no": u, "kind": "train", "loss": 1.0, "lr": 1e-4,
+                                       "accuracy": None, "seconds": 0.25, "at": "t"})
+    camp = tmp_path / "c.yaml"
+    camp.write_text(campaign_yaml())
+    rows = json.loads(run("plan", "--campaign", str(camp), "--ledger", led, "--format", "json").stdout)["selection"]
+    h100 = [r for r in rows if r["gpu"] == "h100_sxm" and r["replicas"] == 1]
+    assert h100 and all(r["time_basis"].startswith("observed in this campaign's runs on NVIDIA H100") for r in h100)
+    assert all(r["update_s_high"] == 0.25 for r in h100)
+    other = [r for r in rows if r["gpu"] == "l4"]
+    assert other and not other[0]["time_basis"].startswith("observed")
