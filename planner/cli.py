@@ -136,6 +136,10 @@ def grid_options(fn):
         click.option("--nproc", default=None, type=int, help="ranks on this machine, started by torch's launcher"),
         click.option("--grid", "grid_file", default=None, type=click.Path(dir_okay=False),
                      help="probe YAML file with the same keys as these options"),
+        click.option("--lora", default=None, help="hf: workloads: r=16,alpha=32,targets=q_proj+v_proj"),
+        click.option("--data", default=None, type=click.Path(dir_okay=False),
+                     help="hf: workloads: your JSONL; its real p99/longest lengths set seq_len/eval_seq_len"),
+        click.option("--fields", default=None, help="hf: workloads: prompt,response | text | text,label"),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -152,6 +156,9 @@ def spec_from_options(o: dict) -> GridSpec:
     cap_label, cap_bytes = resolve_cap(pick("cap"), o.get("catalog_path"))
     params = parse_params(data.get("params")) if data.get("params") else {}
     params.update(parse_params(list(o.get("params") or [])))
+    for key in ("lora", "data", "fields"):  # shorthands for the hf: workload's parameters
+        if o.get(key):
+            params[key] = o[key]
     return GridSpec(
         workload=pick("workload") or "builtin:gpt", params=params,
         micro_batch=parse_list(pick("micro_batch"), positive_int, "--micro-batch"),
@@ -174,7 +181,14 @@ def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: 
     start_workers()  # warms up in parallel with the check below
     from probes.workloads import load_workload
 
-    load_workload(spec.workload, spec.params)
+    workload = load_workload(spec.workload, spec.params)
+    lengths = getattr(workload, "lengths", None)
+    if lengths and not spec.seq_len:  # the data's real lengths, not a guess
+        spec.seq_len, spec.eval_seq_len = [lengths["p99"]], spec.eval_seq_len or [lengths["max"]]
+        progress(f"data: {lengths['examples']} examples; p99 length {lengths['p99']} tokens drives steady, "
+                 f"the longest ({lengths['max']}) drives eval")
+    if getattr(workload, "data_note", None):
+        progress(f"data: {workload.data_note}")
     configs = build_grid(spec)
     progress(f"probe: {len(configs)} configuration(s) × {len(PHASES)} phases on {spec.device}; ledger {ledger_path}")
     return run_grid(configs, ledger_path, timeout_s=timeout_s, retry_failed=retry_failed, progress=progress)

@@ -242,7 +242,10 @@ class Trainer:
             if self.rank == 0:
                 save_file({k: v.contiguous() for k, v in full.items()}, path)
         elif self.rank == 0:
-            save_model(getattr(self.model, "module", self.model), path)  # shared tensors handled by safetensors
+            from probes.hf import export_adapter
+
+            if not export_adapter(self.model, path):  # LoRA: the adapter alone is what ships
+                save_model(getattr(self.model, "module", self.model), path)  # shared tensors handled
         if self.world > 1:
             import torch.distributed as dist
 

@@ -31,6 +31,11 @@ def _builtin(name: str):
 def _factory(ref: str):
     if ref.startswith("builtin:"):
         return _builtin(ref.split(":", 1)[1])
+    if ref.startswith("hf:"):
+        from probes.hf import hf_workload
+
+        path = ref.split(":", 1)[1]
+        return lambda **params: hf_workload(path, **params)
     if ":" not in ref:
         raise WorkloadError(f"workload {ref!r} is not a reference. Use builtin:gpt, path/file.py:function "
                             "or package.module:function.")
@@ -63,6 +68,8 @@ def load_workload(ref: str, params: dict[str, Any] | None = None):
     params = params or {}
     try:
         obj = factory(**params)
+    except WorkloadError:
+        raise
     except TypeError as e:
         sig = _signature(factory)
         raise WorkloadError(f"workload {ref!r} does not take these params ({e}). It accepts: {sig}.") from e

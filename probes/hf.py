@@ -1,0 +1,223 @@
+"""Hugging Face workloads: `--workload hf:PATH`, where PATH holds a config.json (architecture only).
+
+Random weights unless `weights=true` and local safetensors are there; nothing is downloaded. Optional LoRA
+through peft (`lora=r=16,alpha=32,targets=q_proj+v_proj`): only the adapter trains, so gradients and
+optimizer state shrink to it, and export writes the adapter alone. Optional own data:
+`data=FILE.jsonl fields=prompt,response` (or `text`, or `text,label`) tokenized with the tokenizer found
+next to the config; prompt tokens are masked out of the loss. Without a tokenizer: random ids, said so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from pathlib import Path
+
+import torch
+
+from planner.errors import WorkloadError
+
+IGNORE = -100
+
+
+def parse_lora(text: str | dict | None) -> dict | None:
+    """'r=16,alpha=32,targets=q_proj+v_proj' (targets also ';'- or ':'-separated) -> peft LoraConfig kwargs."""
+    if not text:
+        return None
+    if isinstance(text, dict):
+        raw = text
+    else:
+        raw = dict(part.split("=", 1) for part in str(text).split(",") if "=" in part)
+    targets = str(raw.get("targets", "q_proj+v_proj")).replace(";", "+").replace(":", "+").split("+")
+    return {"r": int(raw.get("r", 16)), "lora_alpha": int(raw.get("alpha", 2 * int(raw.get("r", 16)))),
+            "target_modules": [t for t in targets if t], "lora_dropout": float(raw.get("dropout", 0.0))}
+
+
+class HFWorkload:
+    masks_prompt = True
+
+    def __init__(self, path: str, lora=None, data: str | None = None, fields: str | None = None,
+                 weights: bool = False, task: str | None = None, num_labels: int | None = None):
+        try:
+            from transformers import AutoConfig
+        except ImportError:
+            raise WorkloadError("hf: workloads need the hf extra: pip install 'rentplan[hf]'") from None
+        self.path = Path(path)
+        cfg_file = self.path / "config.json" if self.path.is_dir() else self.path
+        if not cfg_file.is_file():
+            raise WorkloadError(f"hf:{path}: no config.json there (a folder with config.json, or the file itself).")
+        self.dir = cfg_file.parent
+        self.config = AutoConfig.from_pretrained(str(self.dir))
+        archs = self.config.architectures or []
+        self.task = task or ("classification" if any(a.endswith("ForSequenceClassification") for a in archs)
+                             else "causal-lm")
+        if num_labels:
+            self.config.num_labels = int(num_labels)
+        self.lora = parse_lora(lora)
+        self.weights = bool(weights)
+        self.tokenizer = self._tokenizer()
+        self.fields = [f.strip() for f in (fields or ("text,label" if self.task == "classification"
+                                                      else "prompt,response")).split(",")]
+        self.rows = self._read(data) if data else None
+        self.lengths = self._lengths() if self.rows is not None and self.tokenizer is not None else None
+        layers = getattr(self.config, "num_hidden_layers", "?")
+        hidden = getattr(self.config, "hidden_size", "?")
+        self.name = f"hf:{self.config.model_type}-{layers}L-{hidden}" + ("+lora" if self.lora else "")
+        self.data_note = ("tokenized with the tokenizer next to the config" if self.lengths is not None else
+                          "random token ids of the configured lengths (no tokenizer or no data given)")
+
+    # --- setup ---
+
+    def _tokenizer(self):
+        if not any((self.dir / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+            return None
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(self.dir))
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token or tok.unk_token
+        return tok
+
+    def _read(self, data: str) -> list[dict]:
+        p = Path(data)
+        if not p.is_file():
+            raise WorkloadError(f"data file {data} not found.")
+        rows = []
+        with open(p) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise WorkloadError(f"{data} line {n} is not JSON: {e}") from None
+                missing = [k for k in self.fields if k not in row]
+                if missing:
+                    raise WorkloadError(f"{data} line {n} lacks field(s) {', '.join(missing)} "
+                                        f"(--fields is {','.join(self.fields)}).")
+                rows.append(row)
+        if not rows:
+            raise WorkloadError(f"{data} has no rows.")
+        return rows
+
+    def _encode(self, row: dict) -> tuple[list[int], int]:
+        """Token ids of one example and how many leading ids are prompt (masked out of the loss)."""
+        tok = self.tokenizer
+        if self.task == "classification" or len(self.fields) == 1:
+            ids = tok(str(row[self.fields[0]]), add_special_tokens=True)["input_ids"]
+            return ids, 0
+        prompt = tok(str(row[self.fields[0]]), add_special_tokens=True)["input_ids"]
+        response = tok(str(row[self.fields[1]]), add_special_tokens=False)["input_ids"]
+        eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+        return prompt + response + eos, len(prompt)
+
+    def _lengths(self) -> dict:
+        lens = sorted(len(self._encode(r)[0]) for r in self.rows)
+        p99 = lens[min(len(lens) - 1, math.ceil(0.99 * len(lens)) - 1)]
+        return {"examples": len(lens), "max": lens[-1], "p99": p99, "median": lens[len(lens) // 2]}
+
+    # --- the contract ---
+
+    def build_model(self):
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+        cls = AutoModelForSequenceClassification if self.task == "classification" else AutoModelForCausalLM
+        if self.weights:
+            if not any(self.dir.glob("*.safetensors")):
+                raise WorkloadError(f"weights=true but no *.safetensors next to {self.dir / 'config.json'}")
+            model = cls.from_pretrained(str(self.dir), use_safetensors=True)
+        else:
+            model = cls.from_config(self.config)
+        if self.task == "classification" and model.config.pad_token_id is None:
+            model.config.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer else 0
+        if self.lora:
+            from peft import LoraConfig, get_peft_model
+
+            kind = "SEQ_CLS" if self.task == "classification" else "CAUSAL_LM"
+            model = get_peft_model(model, LoraConfig(task_type=kind, **self.lora))
+        return model
+
+    def make_batch(self, split: str, index: int, micro_batch: int, seq_len: int) -> dict[str, torch.Tensor]:
+        if self.rows is not None and self.tokenizer is not None:
+            return self._data_batch(split, index, micro_batch, seq_len)
+        g = torch.Generator().manual_seed(zlib.crc32(f"{split}:{index}".encode()))
+        ids = torch.randint(3, self.config.vocab_size, (micro_batch, seq_len), generator=g)
+        mask = torch.ones_like(ids)
+        if self.task == "classification":
+            labels = torch.randint(0, self.config.num_labels, (micro_batch,), generator=g)
+            return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        labels = ids.clone()
+        labels[:, : seq_len // 4] = IGNORE  # a quarter of each sequence stands for the prompt
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    def _data_batch(self, split: str, index: int, micro_batch: int, seq_len: int) -> dict[str, torch.Tensor]:
+        # Every 10th example (by a hash of its position) is validation; the rest train. Deterministic in index.
+        pool = [i for i in range(len(self.rows)) if (zlib.crc32(str(i).encode()) % 10 == 0) == (split != "train")]
+        pool = pool or list(range(len(self.rows)))
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((micro_batch, seq_len), pad, dtype=torch.long)
+        mask = torch.zeros((micro_batch, seq_len), dtype=torch.long)
+        labels = torch.full((micro_batch, seq_len), IGNORE, dtype=torch.long)
+        cls_labels = []
+        for b in range(micro_batch):
+            row = self.rows[pool[(index * micro_batch + b) % len(pool)]]
+            tokens, n_prompt = self._encode(row)
+            tokens = tokens[:seq_len]
+            ids[b, : len(tokens)] = torch.tensor(tokens)
+            mask[b, : len(tokens)] = 1
+            labels[b, n_prompt: len(tokens)] = torch.tensor(tokens[n_prompt:], dtype=torch.long)
+            if self.task == "classification":
+                cls_labels.append(int(row[self.fields[1]]))
+        if self.task == "classification":
+            return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor(cls_labels)}
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    def compute_loss(self, model, batch) -> torch.Tensor:
+        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+
+    def count_targets(self, batch) -> int:
+        if self.task == "classification":
+            return int(batch["labels"].numel())
+        return int((batch["labels"][:, 1:] != IGNORE).sum())  # HF shifts labels by one inside the model
+
+    def predict(self, model, batch):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        if self.task == "classification":
+            return logits.argmax(-1), batch["labels"]
+        keep = batch["labels"][:, 1:] != IGNORE
+        return logits[:, :-1].argmax(-1)[keep], batch["labels"][:, 1:][keep]
+
+    def show(self, batch) -> list[dict[str, str]]:
+        out = []
+        decode = (lambda ids: self.tokenizer.decode(ids)) if self.tokenizer else (lambda ids: " ".join(map(str, ids)))
+        for i in range(batch["input_ids"].shape[0]):
+            ids = batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist()
+            lab = batch["labels"][i]
+            if self.task == "classification":
+                out.append({"input": decode(ids), "target": str(int(lab)), "mask": "", "loss sees": f"class {int(lab)}"})
+                continue
+            seen = lab[lab != IGNORE].tolist()
+            out.append({"input": decode(ids), "target": decode(seen),
+                        "mask": "".join("." if x == IGNORE else "x" for x in lab.tolist()),
+                        "loss sees": f"{len(seen)} of {len(lab)} positions"})
+        return out
+
+
+def hf_workload(path: str, **params) -> HFWorkload:
+    return HFWorkload(path, **params)
+
+
+def export_adapter(model, path: str) -> bool:
+    """Write only the LoRA adapter's tensors (safetensors). False when the model has no adapter."""
+    try:
+        from peft import PeftModel, get_peft_model_state_dict
+    except ImportError:
+        return False
+    inner = getattr(model, "module", model)
+    if not isinstance(inner, PeftModel):
+        return False
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(inner).items()}, path)
+    return True

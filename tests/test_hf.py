@@ -1,0 +1,119 @@
+"""hf: workloads: a tiny Llama config written by the test, LoRA through peft, the user's own JSONL data."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+from planner.ledger import read_lines
+from planner.records import PHASES, ProbeConfig
+
+pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("peft")
+from probes.pilot import TRAIN_WORKER_PHASES, Pilot  # noqa: E402
+
+LORA = "r=8,alpha=16,targets=q_proj+v_proj"
+
+
+@pytest.fixture
+def llama(tmp_path):
+    path = tmp_path / "llama"
+    transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=256, max_position_embeddings=512,
+                             architectures=["LlamaForCausalLM"]).save_pretrained(path)
+    return path
+
+
+def pilot(tmp_path, ref, params, phases=TRAIN_WORKER_PHASES, **kw):
+    cfg = ProbeConfig(workload=ref, params_json=json.dumps(params, sort_keys=True), micro_batch=2, seq_len=32,
+                      eval_seq_len=64, **kw)
+    out = {}
+    p = Pilot(cfg, str(tmp_path), lambda k, x: out.__setitem__(x["phase"], x) if k == "line" else None, "r-hf", "p")
+    p.run(phases)
+    return out, p
+
+
+def test_tiny_llama_probes_through_all_phases(tmp_path, llama):
+    ledger = str(tmp_path / "l.db")
+    r = CliRunner().invoke(cli, ["probe", "-w", f"hf:{llama}", "--seq-len", "32", "--ledger", ledger,
+                                 "--device", "cpu"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    df = read_lines(ledger)
+    assert list(df["phase"]) == list(PHASES) and (df["verdict"] == "ok").all(), df[["phase", "detail"]]
+
+
+def test_lora_optimizer_state_is_exactly_the_adapters(tmp_path, llama):
+    lines, p = pilot(tmp_path, f"hf:{llama}", {"lora": LORA})
+    trainable = [q for q in p.trainer.model.parameters() if q.requires_grad]
+    frozen = [q for q in p.trainer.model.parameters() if not q.requires_grad]
+    assert trainable and frozen
+    adapter_bytes = sum(q.numel() * q.element_size() for q in trainable)
+    state = lines["first_step"]["optimizer_state_bytes"]
+    assert state == 2 * adapter_bytes + 4 * len(trainable)  # exp_avg, exp_avg_sq, one fp32 step each
+    grown = lines["steady"]["baseline_allocated_bytes"] - lines["first_step"]["baseline_allocated_bytes"]
+    assert grown == state  # the frozen base adds no gradients or state that outlive the update
+    assert lines["setup"]["trainable_param_count"] == sum(q.numel() for q in trainable)
+
+
+def test_lora_export_writes_only_the_adapter_and_it_reloads(tmp_path, llama):
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from probes.workloads import load_workload
+
+    lines, p = pilot(tmp_path, f"hf:{llama}", {"lora": LORA})
+    path = tmp_path / "r-hf.model.safetensors"
+    tensors = load_file(str(path))
+    assert tensors and all("lora_" in k for k in tensors)
+    assert lines["export"]["checkpoint_bytes"] == path.stat().st_size
+    import torch
+    from peft import get_peft_model_state_dict
+
+    fresh = load_workload(f"hf:{llama}", {"lora": LORA}).build_model()
+    set_peft_model_state_dict(fresh, tensors)
+    back = get_peft_model_state_dict(fresh)
+    assert set(back) == set(tensors)
+    assert all(torch.equal(back[k], tensors[k]) for k in tensors)  # the adapter reloads exactly
+
+
+def write_tokenizer(path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<pad>": 1, "</s>": 2, **{f"w{i}": i + 3 for i in range(200)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                            "unk_token": "<unk>", "pad_token": "<pad>",
+                                                            "eos_token": "</s>"}))
+
+
+def test_p99_length_of_the_data_drives_the_lengths(tmp_path, llama):
+    write_tokenizer(llama)
+    data = tmp_path / "data.jsonl"
+    with open(data, "w") as f:
+        for i in range(200):
+            n = 10 + (i % 20) if i != 7 else 150  # one very long example: the p99 must not be it
+            f.write(json.dumps({"prompt": " ".join(f"w{j % 200}" for j in range(n // 2)),
+                                "response": " ".join(f"w{j % 200}" for j in range(n - n // 2))}) + "\n")
+    ledger = str(tmp_path / "l.db")
+    r = CliRunner().invoke(cli, ["probe", "-w", f"hf:{llama}", "--data", str(data), "--fields", "prompt,response",
+                                 "--ledger", ledger, "--device", "cpu"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    df = read_lines(ledger)
+    assert (df["verdict"] == "ok").all()
+    assert set(df["eval_seq_len"]) == {151}  # the longest example (150 tokens + end of sequence)
+    assert set(df["seq_len"]) == {30}  # its 99th percentile
+    assert "p99 length 30 tokens" in r.output and "the longest (151)" in r.output
+
+
+def test_inspect_shows_masked_prompt_of_own_data(tmp_path, llama):
+    write_tokenizer(llama)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "w1 w2 w3", "response": "w4 w5"}) + "\n")
+    r = CliRunner().invoke(cli, ["inspect", "-w", f"hf:{llama}", "-p", f"data={data}", "-n", "1", "--seq-len", "8",
+                                 "--split", "val"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "w1 w2 w3 w4 w5" in r.output and "mask: ...xxx.." in r.output
