@@ -117,7 +117,7 @@ def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
             "max_seq": f"{r['max_seq_len_at_mb1']}{'*' if r['max_seq_len_extrapolated'] else ''}",
             "precision": r["precision"], "mb": r["micro_batch"], "accum": r["grad_accum"], "replicas": r["replicas"],
             "strategy": r["strategy"],
-            "update": _range(r["update_s_low"], r["update_s_high"], fmt_seconds),
+            "update_time": _range(r["update_s_low"], r["update_s_high"], fmt_seconds),
             "per_variant": _range(_h2s(r["variant_hours_low"]), _h2s(r["variant_hours_high"]), fmt_seconds),
             "hours": _range(r["campaign_hours_low"], r["campaign_hours_high"], lambda h: f"{h:.2f} h"),
             "cost": _range(r["campaign_cost_usd_low"], r["campaign_cost_usd_high"], _usd),
@@ -190,7 +190,7 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
             "max_mb": rec["max_micro_batch"], "max_seq": rec["max_seq_len_at_mb1"], "precision": rec["precision"],
             "mb": int(rec["micro_batch"]), "accum": int(rec["grad_accum"]), "replicas": int(rec["replicas"]),
             "examples_per_update": int(rec["examples_per_update"]), "strategy": rec["strategy"],
-            "verdict": rec["verdict"], "update": _range(rec["update_s_low"], rec["update_s_high"], fmt_seconds),
+            "verdict": rec["verdict"], "update_time": _range(rec["update_s_low"], rec["update_s_high"], fmt_seconds),
             "time_basis": rec["time_basis"],
             "per_variant": _range(_h2s(rec["variant_hours_low"]), _h2s(rec["variant_hours_high"]), fmt_seconds),
             "hours": _range(rec["campaign_hours_low"], rec["campaign_hours_high"], lambda h: f"{h:.2f} h"),
@@ -262,8 +262,12 @@ def order_document(campaign: Campaign, rec: pd.Series, lines: pd.DataFrame, cata
 
 def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, budget: dict,
                   lines: pd.DataFrame, catalog: Catalog, headroom: float, order: dict | None) -> list[Path]:
+    from planner.figures import available, order_sheet_figures
+
     sweep_orphans(out)
     ctx = build_context(campaign, sheet, plans, budget, lines, catalog, headroom)
+    ctx["figures"] = order_sheet_figures(lines, sheet, plans)
+    ctx["figures_note"] = "" if available() else "No pictures: install the report extra (pip install 'rentplan[report]')."
     files = {
         "selection.csv": sheet.to_csv(index=False),
         "plans.csv": plans.to_csv(index=False),

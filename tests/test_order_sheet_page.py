@@ -1,0 +1,72 @@
+"""The HTML order sheet as people see it: inline SVG pictures with captions, loaded in a real browser."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+from tests.factories import campaign_yaml, standard_ledger
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sheet")
+    ledger = standard_ledger(d / "l.db")
+    camp = d / "c.yaml"
+    camp.write_text(campaign_yaml())
+    r = CliRunner().invoke(cli, ["plan", "--campaign", str(camp), "--ledger", ledger, "--out", str(d / "out")],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return d / "out" / "order_sheet.html"
+
+
+def test_every_figure_is_inline_svg_with_a_caption(page):
+    html = page.read_text()
+    figures = re.findall(r"<figure class=\"chart\">(.*?)</figure>", html, re.S)
+    assert len(figures) == 3
+    for fig in figures:
+        assert fig.lstrip().startswith("<svg") and "</svg>" in fig
+        caption = re.search(r"<figcaption>(.*?)</figcaption>", fig, re.S).group(1)
+        assert "Basis" in caption
+    assert "never added" in html and "src=\"http" not in html  # stands alone, works offline
+    assert "built-in method" not in html and "built-in method" not in (page.parent / "order_sheet.md").read_text()
+    assert re.search(r"time per update</th><td>[\d.]+ ms – [\d.]+ ms", html)
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("chromium is not installed and this user cannot install it (needs root and apt-get)")
+    r = subprocess.run("apt-get update -qq && apt-get install -y -qq chromium", shell=True, capture_output=True,
+                       text=True, timeout=900)
+    found = shutil.which("chromium")
+    if r.returncode != 0 or not found:
+        pytest.skip(f"could not install chromium: {r.stderr[-300:]}")
+    return found
+
+
+def test_page_loads_in_headless_chromium_with_every_picture(page, tmp_path):
+    exe = chromium()
+    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
+    url = page.resolve().as_uri()
+    shot = tmp_path / "sheet.png"
+    r = subprocess.run(flags + [f"--screenshot={shot}", "--window-size=1400,3000", url], capture_output=True,
+                       text=True, timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 20_000, r.stderr[-2000:]
+    assert shot.read_bytes()[:4] == b"\x89PNG"
+    errors = [ln for ln in r.stderr.splitlines() if "Uncaught" in ln or ("CONSOLE" in ln and "ERROR" in ln)]
+    assert not errors
+    dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    assert dom.count("<svg") >= 3 and dom.count("<figcaption>") == 3  # the browser parsed every picture
+    Path(os.environ.get("RENTPLAN_SCREENSHOT", tmp_path / "keep.png")).write_bytes(shot.read_bytes())
