@@ -170,8 +170,16 @@ def offer_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     if replicas < gpus:
         notes.append(f"{gpus - replicas} of {gpus} GPUs idle: effective batch {campaign.effective_batch} "
                      f"does not split over {gpus}")
-    if verdict == NO_FIT and max_mb == 0:
-        notes.append("model states and one example do not fit one GPU: needs FSDP (sharded) across GPUs")
+    fsdp = None
+    if verdict == NO_FIT and gpus > 1:
+        fsdp = fsdp_plan(campaign, fam, need.bytes, ctx, gpu.usable_bytes, headroom, gpus, catalog)
+    if fsdp is not None:
+        need.bytes, need.basis, verdict = fsdp["need"], fsdp["basis"], fsdp["verdict"]
+        mb, accum, replicas, strategy = fsdp["micro_batch"], fsdp["grad_accum"], gpus, f"fsdp × {gpus}"
+        notes.append(fsdp["why"])
+    elif verdict == NO_FIT and max_mb == 0:
+        notes.append("model states and one example do not fit one GPU: needs FSDP across the GPUs of a larger "
+                     "instance")
     row = {
         "offer": offer.id, "gpu": gpu.id, "provider": offer.provider, "instance": offer.instance,
         "gpus_per_instance": offer.gpus_per_instance, "spot": offer.spot,
@@ -210,6 +218,39 @@ def observed_fields(campaign: Campaign, offer: Offer, obs: dict) -> dict:
             "time_basis": f"observed in this campaign's runs on {obs['device']} (median of {obs['updates']} updates)",
             "variant_hours_low": per_variant, "variant_hours_high": per_variant, "campaign_hours_low": hours,
             "campaign_hours_high": hours, "campaign_cost_usd_low": cost, "campaign_cost_usd_high": cost}
+
+
+def model_state_bytes(fam: Family, fragmentation: float) -> float:
+    """Parameters + gradients + optimizer state, from the pilot's own accounting (allocated bytes)."""
+    ok = fam.lines[fam.lines["verdict"] == "ok"]
+    params = ok[ok["phase"] == "setup"]["param_bytes"].max()
+    state = ok[ok["phase"] == "first_step"]["optimizer_state_bytes"].max()
+    first = ok[ok["phase"] == "first_step"]
+    trainable = first["trainable_param_count"].max() if len(first) else 0
+    count = ok[ok["phase"] == "setup"]["param_count"].max()
+    grads = params * (trainable / count) if count else params
+    total = sum(float(x) for x in (params, grads, state) if pd.notna(x))
+    return total * (1.0 if ok["peak_reserved_bytes"].notna().all() else fragmentation)
+
+
+def fsdp_plan(campaign, fam: Family, single_need: float, ctx: float, usable: float, headroom: float, n: int,
+              catalog: Catalog) -> dict | None:
+    """Model states do not fit one GPU: shard them over the instance's n GPUs (FSDP). The per-GPU need is
+    derived from single-process lines (states / n + the rest), so it is an estimate and says so."""
+    if campaign.effective_batch % n:
+        return None
+    states = model_state_bytes(fam, catalog.fragmentation_factor)
+    need = single_need - states * (1 - 1 / n)
+    verdict = fit_verdict(need, ctx, usable, headroom)
+    if verdict == NO_FIT:
+        return None
+    mb = largest_micro_batch(campaign.effective_batch, n, 1) or 1
+    return {"need": need, "verdict": verdict, "micro_batch": mb, "grad_accum": campaign.effective_batch // (mb * n),
+            "basis": f"estimated for FSDP × {n}: the single-process need less {(1 - 1 / n):.0%} of the model states "
+                     f"({states / 2**30:.2f} GiB: parameters, gradients, optimizer state); all-gather buffers "
+                     f"not modelled",
+            "why": f"model states do not fit one GPU: FSDP shards parameters, gradients and optimizer state over "
+                   f"{n} GPUs (micro-batch 1 per rank; probe with --strategy fsdp --nproc {n} to measure)"}
 
 
 def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, accum, replicas) -> dict:

@@ -113,3 +113,24 @@ def test_nothing_fits_names_need_phase_and_closest(tmp_path):
     msg = str(e.value)
     assert msg.startswith("no GPU in the catalog fits")
     assert "phase" in msg and "Closest: b200 with 179.06 GiB usable" in msg
+
+
+def test_fsdp_is_chosen_when_model_states_do_not_fit_one_gpu(tmp_path):
+    from tests.factories import config, pilot_lines, write_ledger
+
+    lines = []
+    for mb, seq in [(1, 128), (2, 128), (1, 256), (4, 256)]:
+        cfg = config(micro_batch=mb, seq_len=seq, eval_seq_len=seq, eval_micro_batch=mb)
+        for ln in pilot_lines(cfg, 70 * GiB + mb * seq * 1000):
+            extra = {"setup": {"param_bytes": 14 * GiB, "param_count": 14 * GiB // 4},
+                     "first_step": {"optimizer_state_bytes": 28 * GiB, "trainable_param_count": 14 * GiB // 4}}
+            lines.append(ln.__class__(**{**ln.to_dict(), **extra.get(ln.phase, {})}))
+    ledger = write_ledger(tmp_path / "l.db", lines)
+    camp = load_campaign_text(campaign_yaml(), "t")
+    sheet = make_plan(camp, read_lines(ledger), load_catalog(), 0.10).sheet
+    one = sheet[(sheet["gpu"] == "h100_sxm") & (sheet["gpus_per_instance"] == 1)].iloc[0]
+    eight = sheet[(sheet["gpu"] == "h100_sxm") & (sheet["gpus_per_instance"] == 8)].iloc[0]
+    assert one["verdict"] == NO_FIT  # 80.5 GiB need on an 80 GiB card
+    assert eight["strategy"] == "fsdp × 8" and eight["verdict"] in (FITS, TIGHT)
+    assert "estimated for FSDP × 8" in eight["need_basis"] and "do not fit one GPU" in eight["notes"]
+    assert eight["micro_batch"] * eight["grad_accum"] * eight["replicas"] == 16
