@@ -20,9 +20,6 @@ from planner.records import FAILED, LINE_FIELDS, PHASES, Line, Verdict
 
 SCHEMA_VERSION = 1
 
-_SQL_TYPES = {int: "INTEGER", float: "REAL", str: "TEXT", bool: "INTEGER"}
-
-
 def _column_type(f: dataclasses.Field) -> str:
     t = str(f.type)
     for name, sql in (("bool", "INTEGER"), ("int", "INTEGER"), ("float", "REAL")):

@@ -10,7 +10,7 @@ import dataclasses
 import enum
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class Verdict(str, enum.Enum):

@@ -6,7 +6,6 @@ tight when it fits with the headroom but not with twice the headroom; else does 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
@@ -300,7 +299,3 @@ def require_feasible(sheet: pd.DataFrame, catalog: Catalog) -> None:
         f"{worst['need_basis']}) plus {fmt_bytes(worst['context_bytes'])} CUDA context and the headroom. "
         f"Closest: {closest['gpu']} with {fmt_bytes(closest['usable_bytes'])} usable. "
         "Next: enable checkpointing, shorten eval seq_len, lower --headroom, or add larger GPUs to the catalog.")
-
-
-def sheet_json_safe(df: pd.DataFrame) -> list[dict]:
-    return json.loads(df.to_json(orient="records"))

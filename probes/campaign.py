@@ -9,7 +9,6 @@ its events are appended (started, evaluated, finished | diverged | error | inter
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from planner.archive import sha256
 from planner.campaign import Campaign, Variant
 from planner.ledger import Ledger, new_id
 from planner.records import ProbeConfig
@@ -86,14 +86,6 @@ def control_outputs(trainer: Trainer) -> dict:
             out["pred"] = trainer.workload.predict(trainer.model, b)[0].tolist()
     trainer.model.train()
     return out
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: str, out_dir: str,

@@ -394,10 +394,18 @@ def _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress
                 cause = (failed[0]["phase"], failed[0]["verdict"])
                 ledger.extend(_missing_lines(cfg, resume, WorkerOutcome(), run_id, probe_id, env, cause))
             break
+    _remove_run_files(workdir, run_id)
+    return True
+
+
+def _remove_run_files(workdir: str, run_id: str) -> None:
+    """Checkpoints, exports and rank files of a run are scratch: the ledger keeps what was measured."""
+    import shutil
+
     for name in os.listdir(workdir):
         if name.startswith(run_id):
-            os.remove(os.path.join(workdir, name))
-    return True
+            path = os.path.join(workdir, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
 
 def _run_config_ranks(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress) -> bool:
@@ -423,12 +431,7 @@ def _run_config_ranks(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, pr
                 causes[r] = (bad[0]["phase"], bad[0]["verdict"])
         if interrupted:
             return False
-    import shutil
-
-    for name in os.listdir(workdir):
-        if name.startswith(run_id):
-            path = os.path.join(workdir, name)
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    _remove_run_files(workdir, run_id)
     return True
 
 

@@ -1,14 +1,12 @@
 """Running the campaign: variants held to the control, divergence kept, retries as new ids, finish, archive."""
 
 import json
-import sqlite3
 
 import pytest
 from click.testing import CliRunner
 
 from planner.cli import cli
 from planner.ledger import Ledger
-from tests.conftest import TINY
 from tests.factories import campaign_yaml, standard_ledger
 
 pytest.importorskip("torch")
@@ -103,7 +101,6 @@ def test_finish_detects_a_flipped_weight(campaign_dir):
     run_id = runs[runs["variant"] == "control"]["run_id"].iloc[0]
     r = run("campaign", "finish", run_id, "--ledger", led, "--out", out)
     assert "reproduces the control outputs" in r.stdout
-    import torch
     from safetensors.torch import load_file, save_file
 
     path = f"{out}/{run_id}/model.safetensors"

@@ -2,7 +2,6 @@
 
 import json
 import os
-from unittest import mock
 
 import pandas as pd
 import pytest

@@ -36,8 +36,9 @@ def three_ways(tmp_path_factory):
 def test_ddp_two_ranks_each_write_every_phase(three_ways):
     ledger, (single, ddp, _) = three_ways
     d = by_run(ledger, ddp)
-    assert sorted(zip(d["rank"], d["phase"])) == sorted((r, p) for r in (0, 1) for p in PHASES)
-    assert (d["verdict"] == "ok").all() and (d["world_size"] == 2).all()
+    why = d[["rank", "phase", "verdict", "detail"]].to_string()
+    assert sorted(zip(d["rank"], d["phase"])) == sorted((r, p) for r in (0, 1) for p in PHASES), why
+    assert (d["verdict"] == "ok").all() and (d["world_size"] == 2).all(), why
     assert set(d["effective_batch"]) == {2 * by_run(ledger, single)["effective_batch"].iloc[0]}  # replicas count
     s = by_run(ledger, single).set_index("phase")["peak_allocated_bytes"]
     for rank in (0, 1):
@@ -56,7 +57,7 @@ def test_fsdp_halves_model_states_per_rank(three_ways):
     ledger, (single, _, fsdp) = three_ways
     s = by_run(ledger, single).set_index("phase")
     f = by_run(ledger, fsdp)
-    assert (f["verdict"] == "ok").all() and len(f) == 2 * len(PHASES)
+    assert (f["verdict"] == "ok").all() and len(f) == 2 * len(PHASES), f[["rank", "phase", "verdict", "detail"]]
     for rank in (0, 1):
         mine = f[f["rank"] == rank].set_index("phase")
         for col, phase in (("param_bytes", "setup"), ("optimizer_state_bytes", "first_step")):
