@@ -117,3 +117,15 @@ def test_inspect_shows_masked_prompt_of_own_data(tmp_path, llama):
                                  "--split", "val"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert "w1 w2 w3 w4 w5" in r.output and "mask: ...xxx.." in r.output
+
+
+def test_sequence_classification_config_probes_through_all_phases(tmp_path):
+    path = tmp_path / "cls"
+    transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=256, num_labels=3, pad_token_id=0,
+                             architectures=["LlamaForSequenceClassification"]).save_pretrained(path)
+    lines, p = pilot(tmp_path, f"hf:{path}", {"lora": LORA})
+    assert p.workload.task == "classification"
+    assert all(x["verdict"] == "ok" for x in lines.values()), {k: x["detail"] for k, x in lines.items()}
+    batch = p.workload.make_batch("train", 0, 2, 16)
+    assert batch["labels"].shape == (2,) and int(batch["labels"].max()) < 3
