@@ -791,6 +791,8 @@ def campaign_report(ledger_path, name, price_per_hour, out, fmt):
         click.echo("")
         click.echo(render(table.drop(columns=["detail", "started_at"]), fmt))
         click.echo(f"\nConclusion: {said}")
+        for n in notes.itertuples():
+            click.echo(f"note {n.at}{f' [{n.run_id}]' if n.run_id else ''}: {n.text}")
     if out:
         write_campaign_report(Path(out), runs, table, variants, metrics, notes, said)
 
@@ -833,7 +835,7 @@ def campaign_finish(run_id, ledger_path, out):
     if not (run_dir / "model.safetensors").is_file():
         raise InputError(f"no exported model for {run_id} in {run_dir} (did the run finish?).")
     try:
-        res = call_in_worker(finish_check, (run["config_json"], str(run_dir)), 600)
+        res = call_in_worker(finish_check, (run["config_json"], str(run_dir), int(run["seed"])), 600)
     except RuntimeError as e:
         raise InputError(f"the artifact of {run_id} could not be reloaded: {e}") from None
     if not res["same"]:

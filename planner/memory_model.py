@@ -139,7 +139,10 @@ class MemoryModel:
             per_phase[phase] = max(0.0, fit.predict(mb, s))
             extrapolated |= not fit.in_range(mb, s)
         phase = max(per_phase, key=per_phase.get)
-        how = "measured at this configuration" if exact else ("extrapolated" if extrapolated else "interpolated")
+        fit = self.fits[phase]
+        how = "measured at this configuration" if exact else (
+            f"{'extrapolated' if extrapolated else 'interpolated'} by a {fit.kind} fit on {len(fit.points)} points "
+            f"(max error on them {fit.max_rel_error:.2%})")
         return Need(per_phase[phase], phase, f"{self.basis}; {how}", extrapolated and not exact, per_phase)
 
 

@@ -142,8 +142,11 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
             t2 = time.perf_counter()
             from safetensors.torch import save_model
 
+            from probes.hf import export_adapter
+
             model_path = run_dir / "model.safetensors"
-            save_model(trainer.model, str(model_path))
+            if not (campaign.export == "adapter" and export_adapter(trainer.model, str(model_path))):
+                save_model(trainer.model, str(model_path))  # the whole model (or no adapter to export)
             (run_dir / "reference.json").write_text(json.dumps(control_outputs(trainer)))
             led.add("campaign_metrics", {"run_id": run_id, "update_no": trainer.update, "kind": "export",
                                          "loss": None, "lr": None, "accuracy": None,
@@ -158,14 +161,27 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
     return run_id
 
 
-def finish_check(config_json: str, run_dir: str) -> dict:
-    """In a fresh process: rebuild the model, load the exported weights, rerun the control inputs."""
+def finish_check(config_json: str, run_dir: str, seed: int = 0) -> dict:
+    """In a fresh process: rebuild the model, load the exported weights, rerun the control inputs.
+    The model is rebuilt from the run's seed, so an adapter export lands on the same (random) base."""
     from safetensors.torch import load_model
 
+    torch.manual_seed(seed)
     cfg = ProbeConfig(**json.loads(config_json)["config"])
     workload = load_workload(cfg.workload, json.loads(cfg.params_json))
     trainer = Trainer(workload, cfg, torch.device("cpu"))
-    load_model(trainer.model, os.path.join(run_dir, "model.safetensors"))
+    path = os.path.join(run_dir, "model.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(path, "pt") as f:
+        adapter_only = all("lora_" in k for k in f.keys())
+    if adapter_only:  # an adapter export: the base is rebuilt from the config, the adapter loaded onto it
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(trainer.model, load_file(path))
+    else:
+        load_model(trainer.model, path)
     now = control_outputs(trainer)
     then = json.loads(Path(run_dir, "reference.json").read_text())
     diffs = []

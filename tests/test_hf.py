@@ -129,3 +129,31 @@ def test_sequence_classification_config_probes_through_all_phases(tmp_path):
     assert all(x["verdict"] == "ok" for x in lines.values()), {k: x["detail"] for k, x in lines.items()}
     batch = p.workload.make_batch("train", 0, 2, 16)
     assert batch["labels"].shape == (2,) and int(batch["labels"].max()) < 3
+
+
+def test_campaign_with_adapter_export_ships_the_adapter_and_finishes(tmp_path, llama):
+    from safetensors import safe_open
+
+    spec = tmp_path / "c.yaml"
+    spec.write_text(f"""
+name: lora-run
+workload: hf:{llama}
+params: {{lora: "{LORA}"}}
+seq_len: 32
+effective_batch: 4
+micro_batch: 2
+updates: 4
+eval: {{every_updates: 2, examples: 4, seq_len: 32}}
+precision: fp32
+export: adapter
+variants:
+  - {{id: control, lr: 1.0e-3}}
+""")
+    led, out = str(tmp_path / "l.db"), str(tmp_path / "runs")
+    r = CliRunner().invoke(cli, ["campaign", "run", str(spec), "--ledger", led, "--out", out], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    run_id = r.stdout.split()[0]
+    with safe_open(f"{out}/{run_id}/model.safetensors", "pt") as f:
+        assert all("lora_" in k for k in f.keys())
+    r = CliRunner().invoke(cli, ["campaign", "finish", run_id, "--ledger", led, "--out", out], catch_exceptions=False)
+    assert r.exit_code == 0 and "reproduces the control outputs" in r.output, r.output

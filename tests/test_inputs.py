@@ -121,3 +121,16 @@ def test_probe_option_errors():
     assert_error(run("probe", "--precision", "fp8", "--device", "cpu"), "precision 'fp8'")
     assert_error(run("probe", "--micro-batch", "0", "--device", "cpu"), "--micro-batch: '0' is not valid")
     assert_error(run("probe", "--cap", "h100-sxm5", "--device", "cpu", "-w", "nope.py:f"), "not found")
+
+
+def test_probe_grid_file_builds_the_product_and_refuses_unknown_keys(tmp_path):
+    from planner.cli import spec_from_options
+    from planner.grid import build_grid
+
+    good = write(tmp_path, "g.yaml", "micro_batch: [1, 2]\nseq_len: 64,128\nprecision: [bf16]\n"
+                                      "params: {layers: 1}\neffective_batch: 4\n")
+    spec = spec_from_options({"grid_file": good, "device": "cpu"})
+    configs = build_grid(spec)
+    assert len(configs) == 4 and {c.grad_accum for c in configs} == {4, 2} and spec.params == {"layers": 1}
+    bad = write(tmp_path, "b.yaml", "micro_batchh: [1]\n")
+    assert_error(run("probe", "--grid", bad, "--device", "cpu"), "micro_batchh: unknown key (did you mean 'micro_batch'?)")
