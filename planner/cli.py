@@ -94,9 +94,9 @@ def lines_view(df: pd.DataFrame, fmt: str) -> pd.DataFrame:
 def resolve_device(device: str) -> str:
     if device != "auto":
         return device
-    import torch  # only the commands that run pilots get here
+    from probes.pilot import auto_device  # only the commands that run pilots get here (torch)
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return auto_device()
 
 
 def resolve_cap(cap: str | None, catalog_path: str | None) -> tuple[str, int | None]:

@@ -31,6 +31,10 @@ TRAIN_WORKER_PHASES = ("setup", "first_step", "steady", "eval", "save", "export"
 RESUME_WORKER_PHASES = ("resume",)
 
 
+def auto_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
