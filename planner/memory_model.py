@@ -189,14 +189,21 @@ def build_model(lines: pd.DataFrame, fragmentation: float) -> MemoryModel | None
 
 def max_micro_batch(model: MemoryModel, seq_len: int, eval_micro_batch: int | None, eval_seq_len: int,
                     budget_bytes: float, limit: int = 4096) -> tuple[int, bool]:
-    """Largest micro-batch whose need fits the budget at seq_len (0 if none); and whether extrapolated."""
-    best, extrap = 0, False
-    for mb in range(1, limit + 1):
-        need = model.need(mb, seq_len, eval_micro_batch or mb, eval_seq_len)
-        if need.bytes > budget_bytes:
-            break
-        best, extrap = mb, need.extrapolated
-    return best, extrap
+    """Largest micro-batch whose need fits the budget at seq_len (0 if none); and whether extrapolated.
+    The need never shrinks as the micro-batch grows (slopes are clamped at zero), so: grow, then bisect."""
+    def fits(mb: int) -> bool:
+        return model.need(mb, seq_len, eval_micro_batch or mb, eval_seq_len).bytes <= budget_bytes
+
+    if not fits(1):
+        return 0, False
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:  # lo fits, hi does not (or is past the limit)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo, model.need(lo, seq_len, eval_micro_batch or lo, eval_seq_len).extrapolated
 
 
 def max_seq_len(model: MemoryModel, micro_batch: int, budget_bytes: float, limit: int = 1 << 20,

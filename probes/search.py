@@ -37,10 +37,6 @@ def _configs(base: ProbeConfig, dimension: str, size: int, mode: str) -> ProbeCo
     return dataclasses.replace(base, seq_len=size, eval_seq_len=size, mode=mode)
 
 
-def _size(cfg_row, dimension: str) -> int:
-    return int(cfg_row["micro_batch"] if dimension == "max-micro-batch" else cfg_row["seq_len"])
-
-
 def _verdict(df: pd.DataFrame) -> str:
     bad = df[df["verdict"] != "ok"]
     return "ok" if bad.empty else str(bad.iloc[0]["verdict"])
