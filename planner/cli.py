@@ -225,7 +225,8 @@ def probe(ledger_path, timeout_s, retry_failed, find, fmt, **opts):
 @friendly_errors
 def estimate(ledger_path, timeout_s, fmt, **opts):
     """Size configurations too big for this machine: the same phases under fake tensors (no memory touched).
-    Lines are mode=estimated; CPU kernels are used (CUDA-only kernels such as flash attention may need less)."""
+    Lines are mode=estimated; CPU kernels are used (CUDA-only kernels such as flash attention may need less).
+    --strategy fsdp --nproc N: rank 0 of N, sharded, on a fake process group (no N devices needed)."""
     opts["device"] = "cpu"
     spec = spec_from_options(opts)
     spec.mode = "estimated"
@@ -235,6 +236,9 @@ def estimate(ledger_path, timeout_s, fmt, **opts):
     click.echo(render(lines_view(df, fmt), fmt))
     if fmt in ("table", "markdown"):
         click.echo("estimated: allocated bytes under FakeTensorMode with CPU kernels; no reserved pool, no times.")
+        if spec.nproc > 1:
+            click.echo(f"per rank: rank 0 of {spec.nproc} on a fake process group (collectives move nothing, so "
+                       "staging buffers a backend may add, and DCP read buffers at resume, are not in the figures).")
     if result.interrupted:
         raise KeyboardInterrupt
 

@@ -103,9 +103,9 @@ def build_grid(spec: GridSpec) -> list[ProbeConfig]:
         raise InputError(f"strategy {spec.strategy!r} is not one of single, ddp, fsdp.")
     if (spec.strategy == "single") != (spec.nproc == 1):
         raise InputError("--strategy ddp|fsdp needs --nproc N >= 2 (and --nproc > 1 needs a strategy).")
-    if spec.mode == "estimated" and spec.nproc > 1:
-        raise InputError("distributed estimates (a fake process group under fake tensors) are not available yet: "
-                         "estimate one process and divide model states by N, or probe with --nproc on real devices.")
+    if spec.mode == "estimated" and spec.strategy == "ddp":
+        raise InputError("DDP estimates are not needed: a DDP rank holds what one process holds (estimate without "
+                         "--strategy) plus one gradient-sized bucket set; estimate --strategy fsdp --nproc N shards.")
     if spec.effective_batch and spec.grad_accum:
         raise InputError("give --effective-batch or --grad-accum, not both (one determines the other).")
     configs = []

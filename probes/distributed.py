@@ -59,3 +59,17 @@ def launch(phases, cfg_dict: dict, workdir: str, run_id: str, probe_id: str) -> 
                           rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="fork")
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     elastic_launch(config, rank_main)(phases, cfg_dict, workdir, run_id, probe_id)
+
+
+def init_fake_process_group(world_size: int) -> None:
+    """Estimates of one rank of N: torch's fake process group (its collectives return at once and move no
+    data; under fake tensors there is no data). Its registration lives in torch.testing._internal."""
+    import torch.distributed as dist
+
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as e:
+        raise RuntimeError(f"this torch has no fake process group ({e}); distributed estimates need torch >= 2.2. "
+                           "Probe with --nproc on real devices instead.") from None
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+

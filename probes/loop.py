@@ -236,9 +236,7 @@ class Trainer:
         from safetensors.torch import save_file, save_model
 
         if self.cfg.strategy == "fsdp":
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            full = self.gathered_weights()
             if self.rank == 0:
                 save_file({k: v.contiguous() for k, v in full.items()}, path)
         elif self.rank == 0:
@@ -252,17 +250,29 @@ class Trainer:
             dist.barrier()
         return os.path.getsize(path)
 
+    def gathered_weights(self) -> dict:
+        """FSDP: the full weights, all-gathered shard by shard; rank 0 keeps them (on CPU), the others drop them."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
     def load(self, path: str) -> None:
         state = safe_load(path, self.device)
         if self.cfg.strategy == "fsdp":
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-            msd, osd = get_state_dict(self.model, self.optimizer)
-            dcp.load({"model": msd, "optimizer": osd}, checkpoint_id=f"{path}.dcp")
-            set_state_dict(self.model, self.optimizer, model_state_dict=msd, optim_state_dict=osd)
+            self.load_sharded(f"{path}.dcp")
             state = {**state, "model": None, "optimizer": None}
         self.load_state_dict(state)
+
+    def load_sharded(self, checkpoint_id: str | None) -> None:
+        """FSDP: each rank reads its own shards in place (DCP). None (estimates): the same calls, nothing read."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        if checkpoint_id is not None:
+            import torch.distributed.checkpoint as dcp
+
+            dcp.load({"model": msd, "optimizer": osd}, checkpoint_id=checkpoint_id)
+        set_state_dict(self.model, self.optimizer, model_state_dict=msd, optim_state_dict=osd)
 
     def load_state_dict(self, state: dict) -> None:
         required = ["model", "optimizer", "scheduler", "rng", "update", "position"]
@@ -304,13 +314,18 @@ def wrap_for_strategy(model: torch.nn.Module, strategy: str, device: torch.devic
         ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
     if strategy == "fsdp":
+        import torch.distributed as dist
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        with unset_fake_temporarily():  # the mesh reads its rank table: real tensors even under estimates
+            mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
         if lists:
             for block in max(lists, key=len):
-                fully_shard(block)
-        fully_shard(model)
+                fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         return model
     raise ValueError(f"unknown strategy {strategy!r}: single, ddp or fsdp")
 

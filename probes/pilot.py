@@ -119,7 +119,8 @@ class Pilot:
         self.workload = load_workload(cfg.workload, json.loads(cfg.params_json))
         self.env = environment(self.device)
         if self.fake:
-            self.env["device_name"] += " (FakeTensorMode: CPU kernels, no memory touched)"
+            self.env["device_name"] += " (FakeTensorMode: CPU kernels, no memory touched" + (
+                f"; rank 0 of {cfg.world_size} on a fake process group)" if cfg.world_size > 1 else ")")
         emit("env", self.env)
         self.tracker = (LiveTensorTracker(cfg.cap_bytes, track_resizes=cfg.strategy == "fsdp")
                         if self.device.type == "cpu" else None)
@@ -187,6 +188,9 @@ class Pilot:
         return {"checkpoint_bytes": self.trainer.save(self.ckpt_path)}
 
     def export(self) -> dict:
+        if self.fake and self.cfg.strategy == "fsdp":  # the gather to rank 0 is what costs memory: run it
+            return {"checkpoint_bytes": _tensor_bytes(self.trainer.gathered_weights()),
+                    "detail": "estimated: full weights gathered to rank 0, no file written"}
         if self.fake:
             return {"checkpoint_bytes": _tensor_bytes(self.trainer.model.state_dict()),
                     "detail": "estimated: weights size, no file written"}
@@ -205,7 +209,12 @@ class Pilot:
     def resume(self) -> dict:
         # A fresh process: build, load the full checkpoint (weights_only=True), take one update.
         self.trainer = self.new_trainer()
-        if self.fake:  # torch.load materialises every tensor of the file, then load_state_dict copies them in
+        if self.fake and self.cfg.strategy == "fsdp":  # shards are read in place; the rest as below
+            self.trainer.load_sharded(None)
+            loaded = _clone_tensors({**self._checkpoint, "model": None, "optimizer": None, "grads": None})
+            self.trainer.load_state_dict(loaded)
+            del loaded
+        elif self.fake:  # torch.load materialises every tensor of the file, then load_state_dict copies them in
             loaded = _clone_tensors(self._checkpoint)
             self.trainer.load_state_dict(loaded)
             del loaded

@@ -77,6 +77,10 @@ def _worker_main(phases: tuple[str, ...], cfg_dict: dict, workdir: str, run_id: 
 
     try:
         cfg = ProbeConfig(**cfg_dict)
+        if cfg.world_size > 1:  # only estimates get here: rank 0 of N on a process group that sends nothing
+            from probes.distributed import init_fake_process_group
+
+            init_fake_process_group(cfg.world_size)
         Pilot(cfg, workdir, emit, run_id, probe_id).run(phases)
     except BaseException as e:  # noqa: BLE001  a setup failure before any phase: report, do not hide
         from probes.pilot import last_line
@@ -375,7 +379,7 @@ def _run_ranks(phases, cfg: ProbeConfig, workdir, run_id, probe_id, timeout_s, o
 
 def _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress) -> bool:
     """Run one configuration (training worker, then a fresh resume worker). False when interrupted."""
-    if cfg.world_size > 1:
+    if cfg.world_size > 1 and cfg.mode == "measured":
         return _run_config_ranks(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress)
     env: dict = {}
     train, resume = PHASES[:-1], PHASES[-1:]

@@ -29,12 +29,13 @@ def by_run(ledger, run_id):
 @pytest.fixture(scope="module")
 def three_ways(tmp_path_factory):
     ledger = str(tmp_path_factory.mktemp("d") / "l.db")
-    res = run_grid([cfg(), cfg("ddp", 2), cfg("fsdp", 2)], ledger, progress=lambda m: None)
+    configs = [cfg(), cfg("ddp", 2), cfg("fsdp", 2), cfg("fsdp", 2, mode="estimated")]
+    res = run_grid(configs, ledger, progress=lambda m: None)
     return ledger, res.run_ids
 
 
 def test_ddp_two_ranks_each_write_every_phase(three_ways):
-    ledger, (single, ddp, _) = three_ways
+    ledger, (single, ddp, _, _) = three_ways
     d = by_run(ledger, ddp)
     why = d[["rank", "phase", "verdict", "detail"]].to_string()
     assert sorted(zip(d["rank"], d["phase"])) == sorted((r, p) for r in (0, 1) for p in PHASES), why
@@ -54,7 +55,7 @@ def test_ddp_two_ranks_each_write_every_phase(three_ways):
 
 
 def test_fsdp_halves_model_states_per_rank(three_ways):
-    ledger, (single, _, fsdp) = three_ways
+    ledger, (single, _, fsdp, _) = three_ways
     s = by_run(ledger, single).set_index("phase")
     f = by_run(ledger, fsdp)
     assert (f["verdict"] == "ok").all() and len(f) == 2 * len(PHASES), f[["rank", "phase", "verdict", "detail"]]
@@ -63,6 +64,25 @@ def test_fsdp_halves_model_states_per_rank(three_ways):
         for col, phase in (("param_bytes", "setup"), ("optimizer_state_bytes", "first_step")):
             half = s.loc[phase, col] / 2
             assert abs(mine.loc[phase, col] - half) <= 0.10 * half, (rank, col)
+
+
+def test_fake_process_group_estimate_agrees_with_two_real_ranks(three_ways):
+    ledger, (_, _, fsdp, est) = three_ways
+    real = by_run(ledger, fsdp)
+    real = real[real["rank"] == 0].set_index("phase")
+    e = by_run(ledger, est)
+    why = e[["rank", "phase", "verdict", "mode", "detail"]].to_string()
+    assert list(e["phase"]) == list(PHASES) and (e["verdict"] == "ok").all(), why
+    assert (e["mode"] == "estimated").all() and (e["rank"] == 0).all() and (e["world_size"] == 2).all(), why
+    assert e["device_name"].str.contains("rank 0 of 2 on a fake process group").all()
+    e = e.set_index("phase")
+    for phase in ("setup", "first_step", "steady", "eval", "save"):
+        m, x = real.loc[phase, "peak_allocated_bytes"], e.loc[phase, "peak_allocated_bytes"]
+        assert abs(x - m) <= 0.05 * m, (phase, m, x)
+    assert abs(e["peak_allocated_bytes"].max() - real["peak_allocated_bytes"].max()) \
+        <= 0.05 * real["peak_allocated_bytes"].max()  # the per-rank need the planner reads
+    assert e.loc["setup", "param_bytes"] == real.loc["setup", "param_bytes"]  # the shard, not the model
+    assert e.loc["first_step", "optimizer_state_bytes"] == real.loc["first_step", "optimizer_state_bytes"]
 
 
 @pytest.mark.parametrize("how, verdict", [("raise", "error"), ("hang", "timeout")])

@@ -121,6 +121,8 @@ def test_probe_option_errors():
     assert_error(run("probe", "--precision", "fp8", "--device", "cpu"), "precision 'fp8'")
     assert_error(run("probe", "--micro-batch", "0", "--device", "cpu"), "--micro-batch: '0' is not valid")
     assert_error(run("probe", "--cap", "h100-sxm5", "--device", "cpu", "-w", "nope.py:f"), "not found")
+    assert_error(run("probe", "--strategy", "fsdp", "--device", "cpu"), "needs --nproc N >= 2")
+    assert_error(run("estimate", "--strategy", "ddp", "--nproc", "2"), "a DDP rank holds what one process holds")
 
 
 def test_probe_grid_file_builds_the_product_and_refuses_unknown_keys(tmp_path):
