@@ -25,7 +25,7 @@ GPU_KEYS = {"id", "name", "vendor", "arch", "compute_capability", "memory_gb_mar
 GPU_REQUIRED = ["id", "name", "vendor", "memory_gb_marketed", "memory_gib_usable", "mem_bandwidth_tbps",
                 "bf16_supported", "fp8_supported"]
 OFFER_KEYS = {"id", "gpu", "provider", "instance", "gpus_per_instance", "price_per_instance_hour_usd", "spot",
-              "billing_minimum_hours", "as_of", "source", "note", "unverified", "network", "nodes"}
+              "billing_minimum_hours", "as_of", "source", "note", "unverified", "network", "nodes", "network_gbps"}
 OFFER_REQUIRED = ["id", "gpu", "provider", "gpus_per_instance", "price_per_instance_hour_usd", "spot", "as_of",
                   "source"]
 TOP_KEYS = {"schema", "defaults", "sources", "gpus", "offers"}
@@ -84,13 +84,19 @@ class Offer:
     billing_minimum_hours: float = 0.0
     instance: str | None = None
     note: str | None = None
-    nodes: int = 1
+    nodes: int = 1  # multi-node offers: `nodes` instances rented together, joined by `network`
     network: str | None = None
+    network_gbps: float | None = None  # per node, Gbit/s (e.g. 3200 for 8 × 400 Gb/s InfiniBand)
     unverified: tuple[str, ...] = ()
 
     @property
     def price_per_gpu_hour_usd(self) -> float:
         return self.price_per_instance_hour_usd / self.gpus_per_instance
+
+    @property
+    def price_per_hour_usd(self) -> float:
+        """What the whole offer costs per hour: every node of it."""
+        return self.price_per_instance_hour_usd * self.nodes
 
 
 @dataclass
@@ -237,6 +243,16 @@ def _parse_offer(p: Problems, path: str, o, gpu_ids: set) -> Offer | None:
         p.number(f"{path}.billing_minimum_hours", o["billing_minimum_hours"], positive=True, allow_zero=True)
     if o.get("spot") is not None:
         p.boolean(f"{path}.spot", o["spot"])
+    if o.get("nodes") is not None:
+        p.number(f"{path}.nodes", o["nodes"], positive=True, integer=True)
+    if o.get("network_gbps") is not None:
+        p.number(f"{path}.network_gbps", o["network_gbps"], positive=True)
+    if isinstance(o.get("nodes"), int) and o["nodes"] > 1:  # cross-node time needs the network's speed
+        for key in ("network", "network_gbps"):
+            if o.get(key) is None:
+                p.add(f"{path}.{key}", f"required when nodes > 1 ({o['nodes']} nodes): "
+                                       + ("the interconnect's name" if key == "network" else
+                                          "the node's network bandwidth in Gbit/s"))
     gpu = o.get("gpu")
     if gpu is not None and gpu not in gpu_ids:
         hint = difflib.get_close_matches(str(gpu), [str(x) for x in gpu_ids], n=1)
@@ -248,6 +264,7 @@ def _parse_offer(p: Problems, path: str, o, gpu_ids: set) -> Offer | None:
                  as_of=str(o["as_of"]), source=str(o["source"]),
                  billing_minimum_hours=float(o.get("billing_minimum_hours") or 0.0), instance=o.get("instance"),
                  note=o.get("note"), nodes=int(o.get("nodes") or 1), network=o.get("network"),
+                 network_gbps=None if o.get("network_gbps") is None else float(o["network_gbps"]),
                  unverified=tuple(str(u) for u in o.get("unverified") or ()))
 
 

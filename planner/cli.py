@@ -421,7 +421,7 @@ def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.
     from planner.render import sheet_rows
 
     rows = pd.DataFrame(sheet_rows(sheet.head(limit) if limit else sheet))
-    return rows.drop(columns=["as_of", "notes", "gpu", "provider"], errors="ignore")
+    return rows.drop(columns=["as_of", "notes", "gpu", "provider", "strategy_why"], errors="ignore")
 
 
 def plans_view(plans: pd.DataFrame, fmt: str) -> pd.DataFrame:
@@ -469,6 +469,7 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
             click.echo(f"\nRecommended: {rec['offer']} ({rec['gpu']}, {rec['strategy']}, {rec['precision']}, "
                        f"micro-batch {rec['micro_batch']} × accumulation {rec['grad_accum']}); "
                        f"campaign ${rec['campaign_cost_usd_low']:,.2f}–${rec['campaign_cost_usd_high']:,.2f}.")
+            click.echo(f"Strategy: {rec['strategy_why']}.")
     return result
 
 

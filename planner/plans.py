@@ -66,7 +66,7 @@ def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd
             left_out = [v.id for i, v in enumerate(campaign.variants) if i not in chosen]
             used = (campaign.setup_hours + per_variant * len(chosen)) if chosen else 0.0
             used_lo = (campaign.setup_hours + float(r["variant_hours_low"]) * len(chosen)) if chosen else 0.0
-            price = float(r["price_per_instance_hour_usd"])
+            price = float(r["price_per_hour_usd"])
             minimum = _billing_minimum(r)
             rows.append({
                 "days": d, "offer": r["offer"], "gpu": r["gpu"], "provider": r["provider"],
@@ -77,7 +77,7 @@ def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd
                 "cost_usd_low": price * billed_hours(used_lo, minimum) if chosen else 0.0,
                 "cost_usd_high": price * billed_hours(used, minimum) if chosen else 0.0,
                 "cost_if_held_whole_window_usd": price * window,
-                "price_per_instance_hour_usd": price,
+                "price_per_hour_usd": price,
             })
     df = pd.DataFrame(rows)
     if df.empty:
@@ -112,8 +112,8 @@ def budget_review(sheet: pd.DataFrame, plans: pd.DataFrame, campaign: Campaign) 
         for v in campaign.variants:
             per_variant.append({"variant": v.id, "priority": v.priority,
                                 "hours_low": rec["variant_hours_low"], "hours_high": rec["variant_hours_high"],
-                                "cost_usd_low": rec["variant_hours_low"] * rec["price_per_instance_hour_usd"],
-                                "cost_usd_high": rec["variant_hours_high"] * rec["price_per_instance_hour_usd"]})
+                                "cost_usd_low": rec["variant_hours_low"] * rec["price_per_hour_usd"],
+                                "cost_usd_high": rec["variant_hours_high"] * rec["price_per_hour_usd"]})
     per_plan = []
     if not plans.empty:
         for _, p in plans[plans["cheapest_for_priority_1"]].iterrows():

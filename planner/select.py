@@ -15,9 +15,9 @@ from planner.batching import largest_micro_batch
 from planner.campaign import Campaign
 from planner.catalog import Catalog, Gpu, Offer
 from planner.errors import LedgerError, NoFeasibleGpu
-from planner.memory_model import MemoryModel, build_model, max_micro_batch, max_seq_len
-from planner.timing import Throughput, throughput_from_lines, update_time
-from planner.units import fmt_bytes
+from planner.memory_model import MemoryModel, Need, build_model, max_micro_batch, max_seq_len
+from planner.timing import Throughput, TimeRange, throughput_from_lines, update_time
+from planner.units import fmt_bytes, fmt_seconds
 
 FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
 
@@ -61,7 +61,18 @@ def family_lines(lines: pd.DataFrame, campaign: Campaign) -> pd.DataFrame:
     if fam.empty:
         raise LedgerError(f"no lines with optimizer={campaign.optimizer} checkpointing="
                           f"{'on' if campaign.checkpointing else 'off'} for {campaign.workload}; probe them first.")
-    return fam[fam["world_size"] == 1]
+    return fam
+
+
+def sharded_families(fam_lines: pd.DataFrame, fragmentation: float) -> dict[tuple[str, int], MemoryModel]:
+    """Per-rank memory models of FSDP lines (measured ranks or fake-process-group estimates) by (precision, N)."""
+    fsdp = fam_lines[(fam_lines["strategy"] == "fsdp") & (fam_lines["world_size"] > 1)]
+    out = {}
+    for (prec, n), group in fsdp.groupby(["precision", "world_size"]):
+        model = build_model(group, fragmentation)  # the max over ranks per configuration and phase
+        if model is not None:
+            out[(str(prec), int(n))] = model
+    return out
 
 
 @dataclass
@@ -124,8 +135,13 @@ def observed_times(runs: pd.DataFrame, metrics: pd.DataFrame, campaign: Campaign
 def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: float = 0.10,
            offers: list[Offer] | None = None, observed: dict[str, dict] | None = None) -> pd.DataFrame:
     """The selection sheet: one row per offer, sorted fits first, then by campaign cost."""
-    fam_lines = family_lines(lines, campaign)
+    all_lines = family_lines(lines, campaign)
+    fam_lines = all_lines[all_lines["world_size"] == 1]
+    if fam_lines.empty:
+        raise LedgerError(f"only multi-rank lines for {campaign.workload}: plans start from one process. Probe "
+                          "once without --strategy (or estimate it) too.")
     fams = families(fam_lines, catalog.fragmentation_factor)
+    sharded = sharded_families(all_lines, catalog.fragmentation_factor)
     if not fams:
         failed = fam_lines[fam_lines["verdict"] != "ok"]
         raise LedgerError(f"no successful lines to plan from ({len(failed)} failed lines). "
@@ -138,51 +154,33 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
         g = match_catalog_gpu(device, catalog)
         if g is not None:
             seen[g.id] = {**times, "device": device}
-    rows = [offer_row(campaign, catalog, catalog.gpu(o.gpu), o, fams, seq, headroom, seen.get(o.gpu))
+    rows = [offer_row(campaign, catalog, catalog.gpu(o.gpu), o, fams, seq, headroom, seen.get(o.gpu), sharded)
             for o in (offers or catalog.offers)]
     df = pd.DataFrame(rows)
     df.attrs["seq_len_note"] = seq_note
     order = {FITS: 0, TIGHT: 1, NO_FIT: 2}
     df["_o"] = df["verdict"].map(order)
-    df = df.sort_values(["_o", "campaign_cost_usd_high", "price_per_instance_hour_usd"], na_position="last")
+    df = df.sort_values(["_o", "campaign_cost_usd_high", "price_per_hour_usd"], na_position="last")
     return df.drop(columns="_o").reset_index(drop=True)
 
 
 def offer_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams: dict[str, Family], seq: int,
-              headroom: float, observed: dict | None = None) -> dict:
+              headroom: float, observed: dict | None = None, sharded: dict | None = None) -> dict:
     precision, why = choose_precision(gpu, campaign.precision)
     fam = family_for(fams, precision)
     ctx = catalog.context_bytes
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
-    gpus = offer.gpus_per_instance * offer.nodes
-    replicas = max(r for r in range(1, gpus + 1) if campaign.effective_batch % r == 0)
-    eval_mb_fixed = campaign.eval.micro_batch
-    max_mb, mb_extrap = max_micro_batch(fam.memory, seq, eval_mb_fixed, campaign.eval.seq_len, budget)
+    max_mb, mb_extrap = max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len, budget)
     max_seq, seq_extrap = max_seq_len(fam.memory, 1, budget)
-    mb = largest_micro_batch(campaign.effective_batch, replicas, max(max_mb, 1)) or 1
-    accum = campaign.effective_batch // (mb * replicas)
-    eval_mb = eval_mb_fixed or mb
-    need = fam.memory.need(mb, seq, eval_mb, campaign.eval.seq_len)
-    verdict = fit_verdict(need.bytes, ctx, gpu.usable_bytes, headroom)
-    strategy = "single" if replicas == 1 else f"ddp × {replicas}"
-    notes = [n for n in (fam.note, why) if n]
-    if replicas < gpus:
-        notes.append(f"{gpus - replicas} of {gpus} GPUs idle: effective batch {campaign.effective_batch} "
-                     f"does not split over {gpus}")
-    fsdp = None
-    if verdict == NO_FIT and gpus > 1:
-        fsdp = fsdp_plan(campaign, fam, need.bytes, ctx, gpu.usable_bytes, headroom, gpus, catalog)
-    if fsdp is not None:
-        need.bytes, need.basis, verdict = fsdp["need"], fsdp["basis"], fsdp["verdict"]
-        mb, accum, replicas, strategy = fsdp["micro_batch"], fsdp["grad_accum"], gpus, f"fsdp × {gpus}"
-        notes.append(fsdp["why"])
-    elif verdict == NO_FIT and max_mb == 0:
-        notes.append("model states and one example do not fit one GPU: needs FSDP across the GPUs of a larger "
-                     "instance")
+    plan = choose_strategy(campaign, catalog, gpu, offer, fam, precision, seq, max_mb, headroom,
+                           (sharded or {}).get((precision, offer.gpus_per_instance * offer.nodes)))
+    need, mb, accum, replicas = plan["need"], plan["micro_batch"], plan["grad_accum"], plan["replicas"]
+    notes = [n for n in (fam.note, why, *plan["notes"]) if n]
     row = {
         "offer": offer.id, "gpu": gpu.id, "provider": offer.provider, "instance": offer.instance,
-        "gpus_per_instance": offer.gpus_per_instance, "spot": offer.spot,
-        "price_per_instance_hour_usd": offer.price_per_instance_hour_usd,
+        "gpus_per_instance": offer.gpus_per_instance, "nodes": offer.nodes, "network": offer.network,
+        "spot": offer.spot, "price_per_instance_hour_usd": offer.price_per_instance_hour_usd,
+        "price_per_hour_usd": offer.price_per_hour_usd,
         "price_per_gpu_hour_usd": round(offer.price_per_gpu_hour_usd, 4),
         "billing_minimum_hours": offer.billing_minimum_hours,
         "usable_bytes": gpu.usable_bytes, "need_bytes": int(need.bytes), "need_phase": need.phase,
@@ -191,17 +189,99 @@ def offer_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "max_micro_batch": max_mb, "max_micro_batch_extrapolated": mb_extrap,
         "max_seq_len_at_mb1": max_seq, "max_seq_len_extrapolated": seq_extrap,
         "precision": precision, "micro_batch": mb, "grad_accum": accum, "replicas": replicas,
-        "examples_per_update": mb * accum * replicas, "eval_micro_batch": eval_mb, "seq_len": seq,
-        "strategy": strategy, "verdict": verdict,
+        "examples_per_update": mb * accum * replicas, "eval_micro_batch": campaign.eval.micro_batch or mb,
+        "seq_len": seq, "strategy": plan["label"], "strategy_why": plan["why"], "verdict": plan["verdict"],
         "min_cuda": gpu.min_cuda, "software": gpu.software, "compute_capability": gpu.compute_capability,
         "as_of": offer.as_of, "price_source": offer.source,
         "unverified": "; ".join(list(gpu.unverified) + list(offer.unverified)),
         "notes": "; ".join(notes),
     }
-    row.update(time_fields(campaign, catalog, gpu, offer, fam, precision, mb, seq, accum, replicas))
+    row.update(time_fields(campaign, catalog, gpu, offer, fam, precision, mb, seq, accum, replicas, plan["kind"]))
     if observed and replicas == 1:
         row.update(observed_fields(campaign, offer, observed))
     return row
+
+
+def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fam: Family, precision: str,
+                    seq: int, max_mb: int, headroom: float, sharded: MemoryModel | None) -> dict:
+    """Single GPU, DDP or FSDP on this offer, and why. One GPU per instance: single. Several: DDP when a replica
+    fits one GPU and the replicas make the update faster than one GPU does (all-reduce included); FSDP when
+    model states and an example do not fit one GPU."""
+    ctx, usable = catalog.context_bytes, gpu.usable_bytes
+    gpus = offer.gpus_per_instance * offer.nodes
+    eval_mb_fixed, eval_seq = campaign.eval.micro_batch, campaign.eval.seq_len
+
+    def plan_for(replicas: int) -> dict:
+        mb = largest_micro_batch(campaign.effective_batch, replicas, max(max_mb, 1)) or 1
+        accum = campaign.effective_batch // (mb * replicas)
+        need = fam.memory.need(mb, seq, eval_mb_fixed or mb, eval_seq)
+        if replicas > 1:
+            need = ddp_need(need, gradient_bytes(fam, catalog.fragmentation_factor), accum)
+        return {"replicas": replicas, "micro_batch": mb, "grad_accum": accum,
+                "need": need, "verdict": fit_verdict(need.bytes, ctx, usable, headroom), "notes": []}
+
+    one = plan_for(1)
+    if gpus == 1:
+        return {**one, "kind": "single", "label": "single",
+                "why": "one GPU per instance" + ("" if one["verdict"] != NO_FIT else
+                                                 "; it does not hold the model states and an example")}
+    replicas = max(r for r in range(1, gpus + 1) if campaign.effective_batch % r == 0)
+    ddp = plan_for(replicas)
+    if replicas < gpus:
+        ddp["notes"].append(f"{gpus - replicas} of {gpus} GPUs idle: effective batch {campaign.effective_batch} "
+                            f"does not split over {gpus}")
+    if ddp["verdict"] != NO_FIT and replicas > 1:
+        t1, tn = (_time(fam, gpu, precision, p, seq, catalog, offer, kind) for p, kind in ((one, "single"),
+                                                                                          (ddp, "ddp")))
+        if t1 is None or tn is None or tn.high_s < t1.high_s:
+            faster = "" if t1 is None or tn is None else \
+                f"; {replicas} replicas: {fmt_seconds(t1.high_s)} → {fmt_seconds(tn.high_s)} per update (slow end)"
+            return {**ddp, "kind": "ddp", "label": f"ddp × {replicas}",
+                    "why": f"DDP × {replicas}: a replica fits one GPU{faster}, all-reduce included (estimated)"}
+        return {**one, "kind": "single", "label": "single",
+                "why": f"single GPU: DDP × {replicas} would not be faster ({fmt_seconds(tn.high_s)} vs "
+                       f"{fmt_seconds(t1.high_s)} per update, slow end: the all-reduce outweighs the split); "
+                       f"{gpus - 1} GPUs idle, so an offer with fewer GPUs is the better rental"}
+    if ddp["verdict"] != NO_FIT:  # the effective batch cannot be split: one replica
+        return {**ddp, "kind": "single", "label": "single", "why": "single GPU: the effective batch does not split"}
+    fsdp = fsdp_plan(campaign, fam, ctx, usable, headroom, gpus, catalog, seq, max(max_mb, 1), sharded)
+    if fsdp is not None:
+        return fsdp
+    notes = ["model states and one example do not fit one GPU, nor sharded over this offer's GPUs: needs more "
+             "or larger GPUs"]
+    return {**ddp, "notes": ddp["notes"] + notes, "kind": "ddp" if replicas > 1 else "single",
+            "label": f"ddp × {replicas}" if replicas > 1 else "single", "why": "does not fit"}
+
+
+def ddp_need(single: Need, grads: float, accum: int) -> Need:
+    """A DDP rank holds what one process holds, plus its gradient buckets where one process has no gradients:
+    outside training (eval, save, export) and, with accumulation, in the first window after a start or a
+    resume (no_sync gradients beside the buckets until the first all-reduce). Measured: tests/test_distributed."""
+    extra = {"eval", "save", "export"} | ({"first_step", "resume"} if accum > 1 else set())
+    per_phase = {ph: b + (grads if ph in extra else 0.0) for ph, b in single.per_phase.items()}
+    phase = max(per_phase, key=per_phase.get)
+    basis = f"{single.basis}; DDP: + gradient buckets ({fmt_bytes(grads)}) in {', '.join(sorted(extra))}"
+    return Need(per_phase[phase], phase, basis, single.extrapolated, per_phase)
+
+
+def gradient_bytes(fam: Family, fragmentation: float) -> float:
+    ok = fam.lines[fam.lines["verdict"] == "ok"]
+    params = ok[ok["phase"] == "setup"]["param_bytes"].max()
+    count = ok[ok["phase"] == "setup"]["param_count"].max()
+    trainable = ok[ok["phase"] == "first_step"]["trainable_param_count"].max()
+    if pd.isna(params) or pd.isna(count) or not count:
+        return 0.0
+    grads = float(params) * (float(trainable) / float(count) if pd.notna(trainable) else 1.0)
+    return grads * (1.0 if ok["peak_reserved_bytes"].notna().all() else fragmentation)
+
+
+def _time(fam: Family, gpu: Gpu, precision: str, plan: dict, seq: int, catalog: Catalog, offer: Offer,
+          kind: str) -> TimeRange | None:
+    if fam.throughput is None:
+        return None
+    t = update_time(fam.throughput, gpu, precision, plan["micro_batch"], seq, plan["grad_accum"], plan["replicas"],
+                    catalog, kind, offer)
+    return None if math.isnan(t.high_s) else t
 
 
 def observed_fields(campaign: Campaign, offer: Offer, obs: dict) -> dict:
@@ -211,7 +291,7 @@ def observed_fields(campaign: Campaign, offer: Offer, obs: dict) -> dict:
     ex = obs["export_s"] if obs["export_s"] is not None else 0.0
     per_variant = (campaign.updates * t + campaign.eval.passes(campaign.updates) * ev + ex) / 3600
     hours = campaign.setup_hours + len(campaign.variants) * per_variant
-    price = offer.price_per_instance_hour_usd
+    price = offer.price_per_hour_usd
     cost = price * max(hours, offer.billing_minimum_hours)
     return {"update_s_low": t, "update_s_high": t, "eval_pass_s_low": ev, "eval_pass_s_high": ev, "export_s": ex,
             "time_basis": f"observed in this campaign's runs on {obs['device']} (median of {obs['updates']} updates)",
@@ -224,35 +304,44 @@ def model_state_bytes(fam: Family, fragmentation: float) -> float:
     ok = fam.lines[fam.lines["verdict"] == "ok"]
     params = ok[ok["phase"] == "setup"]["param_bytes"].max()
     state = ok[ok["phase"] == "first_step"]["optimizer_state_bytes"].max()
-    first = ok[ok["phase"] == "first_step"]
-    trainable = first["trainable_param_count"].max() if len(first) else 0
-    count = ok[ok["phase"] == "setup"]["param_count"].max()
-    grads = params * (trainable / count) if count else params
-    total = sum(float(x) for x in (params, grads, state) if pd.notna(x))
-    return total * (1.0 if ok["peak_reserved_bytes"].notna().all() else fragmentation)
+    factor = 1.0 if ok["peak_reserved_bytes"].notna().all() else fragmentation
+    return sum(float(x) for x in (params, state) if pd.notna(x)) * factor + gradient_bytes(fam, fragmentation)
 
 
-def fsdp_plan(campaign, fam: Family, single_need: float, ctx: float, usable: float, headroom: float, n: int,
-              catalog: Catalog) -> dict | None:
-    """Model states do not fit one GPU: shard them over the instance's n GPUs (FSDP). The per-GPU need is
-    derived from single-process lines (states / n + the rest), so it is an estimate and says so."""
+def fsdp_plan(campaign, fam: Family, ctx: float, usable: float, headroom: float, n: int, catalog: Catalog,
+              seq: int, mb_limit: int, sharded: MemoryModel | None) -> dict | None:
+    """Model states do not fit one GPU: shard them over the offer's n GPUs (FSDP), at the largest micro-batch
+    that fits. The per-GPU need comes from FSDP × n lines when the ledger has them (measured ranks or a fake
+    process-group estimate); else it is derived from single-process lines (states / n + the rest)."""
     if campaign.effective_batch % n:
         return None
     states = model_state_bytes(fam, catalog.fragmentation_factor)
-    need = single_need - states * (1 - 1 / n)
-    verdict = fit_verdict(need, ctx, usable, headroom)
-    if verdict == NO_FIT:
-        return None
-    mb = largest_micro_batch(campaign.effective_batch, n, 1) or 1
-    return {"need": need, "verdict": verdict, "micro_batch": mb, "grad_accum": campaign.effective_batch // (mb * n),
-            "basis": f"estimated for FSDP × {n}: the single-process need less {(1 - 1 / n):.0%} of the model states "
-                     f"({states / 2**30:.2f} GiB: parameters, gradients, optimizer state); all-gather buffers "
-                     f"not modelled",
-            "why": f"model states do not fit one GPU: FSDP shards parameters, gradients and optimizer state over "
-                   f"{n} GPUs (micro-batch 1 per rank; probe with --strategy fsdp --nproc {n} to measure)"}
+    eval_mb_fixed, eval_seq = campaign.eval.micro_batch, campaign.eval.seq_len
+    share = campaign.effective_batch // n
+    for mb in (m for m in range(min(share, mb_limit), 0, -1) if share % m == 0):
+        eval_mb = eval_mb_fixed or mb
+        if sharded is not None:
+            need = sharded.need(mb, seq, eval_mb, eval_seq)
+            basis = f"per rank from FSDP × {n} lines: {need.basis}"
+        else:
+            need = fam.memory.need(mb, seq, eval_mb, eval_seq)
+            need.bytes -= states * (1 - 1 / n)
+            basis = (f"estimated for FSDP × {n}: the single-process need less {(1 - 1 / n):.0%} of the model "
+                     f"states ({states / 2**30:.2f} GiB: parameters, gradients, optimizer state); all-gather "
+                     f"buffers not modelled (estimate --strategy fsdp --nproc {n} to count them)")
+        verdict = fit_verdict(need.bytes, ctx, usable, headroom)
+        if verdict == NO_FIT:
+            continue
+        need.basis = basis
+        return {"need": need, "verdict": verdict, "micro_batch": mb, "grad_accum": share // mb, "replicas": n,
+                "kind": "fsdp", "label": f"fsdp × {n}", "notes": [],
+                "why": f"FSDP × {n}: model states ({states / 2**30:.2f} GiB) and an example do not fit one GPU "
+                       f"of {usable / 2**30:.0f} GiB; sharded over {n} GPUs they do"}
+    return None
 
 
-def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, accum, replicas) -> dict:
+def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, accum, replicas,
+                strategy: str = "single") -> dict:
     tp = fam.throughput
     empty = {"update_s_low": None, "update_s_high": None, "eval_pass_s_low": None, "eval_pass_s_high": None,
              "export_s": None, "time_basis": "no steady line to time from", "variant_hours_low": None,
@@ -260,7 +349,7 @@ def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, 
              "campaign_cost_usd_low": None, "campaign_cost_usd_high": None}
     if tp is None:
         return empty
-    t = update_time(tp, gpu, precision, mb, seq, accum, replicas, catalog)
+    t = update_time(tp, gpu, precision, mb, seq, accum, replicas, catalog, strategy, offer)
     if math.isnan(t.low_s):
         return {**empty, "time_basis": t.basis}
     ev = campaign.eval
@@ -274,7 +363,7 @@ def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, 
     var_hi = (campaign.updates * t.high_s + passes * t.high_s * eval_ratio + export_s) / 3600
     n = len(campaign.variants)
     hours_lo, hours_hi = campaign.setup_hours + n * var_lo, campaign.setup_hours + n * var_hi
-    price = offer.price_per_instance_hour_usd
+    price = offer.price_per_hour_usd
     return {
         "update_s_low": t.low_s, "update_s_high": t.high_s,
         "eval_pass_s_low": t.low_s * eval_ratio, "eval_pass_s_high": t.high_s * eval_ratio, "export_s": export_s,

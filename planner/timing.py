@@ -5,8 +5,12 @@
   the true factor lies between the two (Habitat's observation, REFERENCE.md).
 - Otherwise (CPU pilot or estimate): FLOPs counted on the pilot ÷ (target peak × 25–50 % MFU), never
   faster than a kernel-launch floor of (ops per update × 5–10 µs); small models are launch-bound.
-- Data parallel over n GPUs: per-GPU compute / n, plus a ring all-reduce of the fp32 gradients over the
-  catalog's interconnect (NVLink GB/s, else PCIe); the low end assumes full overlap, the high end none.
+- Data parallel over n GPUs: per-GPU compute / n, plus the collectives of the strategy, timed as ring
+  collectives over the catalog's links (estimates, named as such): DDP all-reduces the fp32 gradients once
+  per update (accumulation runs under no_sync); FSDP all-gathers the parameters for forward and again for
+  backward and reduce-scatters the gradients on every micro-batch. Within an instance the link is NVLink
+  (GB/s), else PCIe; across nodes (multi-node offers only) the node's network, shared by its GPUs. The low
+  end assumes communication fully overlapped with compute, the high end none.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.catalog import Catalog, Gpu
+from planner.catalog import Catalog, Gpu, Offer
 
 MFU_RANGE = (0.25, 0.50)
 LAUNCH_S = (5e-6, 10e-6)
@@ -43,6 +47,7 @@ class Throughput:
     device: str
     device_name: str
     grad_bytes: int  # fp32 gradient bytes all-reduced per update under DDP
+    param_bytes: int  # parameter bytes all-gathered per pass under FSDP
     micro_batch: int
     seq_len: int
     grad_accum: int
@@ -69,11 +74,13 @@ def throughput_from_lines(lines: pd.DataFrame, micro_batch: int | None = None, s
     ops = row["ops_per_update"]
     per_token = None if pd.isna(row["update_s"]) or row["mode"] != "measured" else float(row["update_s"]) / tokens
     trainable = f["trainable_param_count"] if pd.notna(f["trainable_param_count"]) else 0
+    setup = ok[(ok["phase"] == "setup") & (ok["run_id"] == row["run_id"])]["param_bytes"]
+    param_bytes = int(setup.iloc[0]) if len(setup) and pd.notna(setup.iloc[0]) else int(trainable) * 4
     return Throughput(
         flops_per_token=float(flops) / tokens if pd.notna(flops) else 0.0,
         ops_per_micro_batch=None if pd.isna(ops) else float(ops) / int(row["grad_accum"]),
         measured_s_per_token=per_token, device=str(row["device"]), device_name=str(row["device_name"] or ""),
-        grad_bytes=int(trainable) * 4, micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
+        grad_bytes=int(trainable) * 4, param_bytes=param_bytes, micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
         grad_accum=int(row["grad_accum"]))
 
 
@@ -102,9 +109,37 @@ def _interconnect_gbps(gpu: Gpu) -> float:
     return PCIE_GBPS["gen3"]
 
 
+@dataclass(frozen=True)
+class Comm:
+    seconds: float
+    basis: str
+
+
+def comm_time(tp: Throughput, strategy: str, gpu: Gpu, offer: Offer, grad_accum: int) -> Comm:
+    """Seconds of collectives per update for `strategy` over all of the offer's GPUs (an estimate).
+
+    Ring collectives: all-reduce moves 2(n-1)/n of the bytes per GPU, all-gather and reduce-scatter (n-1)/n
+    each. Across nodes the hierarchical form applies: within a node over its links, then between nodes, where
+    each node's network carries 2(m-1)/m (all-reduce) or (m-1)/m of the bytes for its m nodes."""
+    g, m = offer.gpus_per_instance, offer.nodes
+    if strategy == "ddp":
+        volume, factor, what = tp.grad_bytes, 2.0, "all-reduce of the fp32 gradients once per update"
+    elif strategy == "fsdp":
+        # forward all-gather + backward all-gather of parameters, reduce-scatter of gradients, per micro-batch
+        volume, factor = grad_accum * (2 * tp.param_bytes + tp.grad_bytes), 1.0
+        what = f"all-gather ×2 + reduce-scatter per micro-batch (× {grad_accum})"
+    else:
+        return Comm(0.0, "")
+    intra = factor * (g - 1) / g * volume / (_interconnect_gbps(gpu) * 1e9) if g > 1 else 0.0
+    inter = factor * (m - 1) / m * volume / (offer.network_gbps / 8) / 1e9 if m > 1 else 0.0
+    link = gpu.interconnect or "PCIe"
+    where = f"{link}" + (f" + {offer.network} {offer.network_gbps:g} Gb/s between {m} nodes" if m > 1 else "")
+    return Comm(intra + inter, f"{what}: {(intra + inter) * 1e3:.1f} ms over {where} (estimated)")
+
+
 def update_time(tp: Throughput, gpu: Gpu, precision: str, micro_batch: int, seq_len: int, grad_accum: int,
-                replicas: int, catalog: Catalog) -> TimeRange:
-    """Seconds per optimizer update on `gpu` for the planned configuration."""
+                replicas: int, catalog: Catalog, strategy: str = "single", offer: Offer | None = None) -> TimeRange:
+    """Seconds per optimizer update on `gpu` for the planned configuration (per-GPU compute + collectives)."""
     tokens = micro_batch * seq_len * grad_accum * replicas
     flops = tp.flops_per_token * tokens
     peak = gpu.peak_tflops(precision)
@@ -130,7 +165,9 @@ def update_time(tp: Throughput, gpu: Gpu, precision: str, micro_batch: int, seq_
     else:
         return TimeRange(float("nan"), float("nan"), f"no {precision} peak for {gpu.id} in the catalog")
     if replicas > 1:
-        comm = 2 * (replicas - 1) / replicas * tp.grad_bytes / (_interconnect_gbps(gpu) * 1e9)
-        lo, hi = max(lo, comm), hi + comm
-        basis += f"; all-reduce {comm * 1e3:.1f} ms over {gpu.interconnect or 'PCIe'} (estimated)"
+        if offer is None:  # one instance of `replicas` GPUs
+            offer = Offer("-", gpu.id, "-", replicas, 0.0, False, "-", "-")
+        comm = comm_time(tp, strategy if strategy in ("ddp", "fsdp") else "ddp", gpu, offer, grad_accum)
+        lo, hi = max(lo, comm.seconds), hi + comm.seconds
+        basis += f"; {comm.basis}"
     return TimeRange(lo, hi, basis)

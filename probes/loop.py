@@ -128,13 +128,17 @@ class Trainer:
         i = w["done"]
         b = self._batches[i] if self._batches is not None else self.batch(w["indices"][i])
         n, total = w["counts"][i], sum(w["counts"])
-        with self.autocast():
-            loss = self.workload.compute_loss(self.model, to_device(b, self.device))
-        value = float("nan") if self.fake else float(loss.detach())
-        if not self.fake and not math.isfinite(value):
-            raise NonFinite(self.update + 1)
-        weighted = loss * (n / total)  # mean over the window's counted targets, not a naive /K
-        (self.scaler.scale(weighted) if self.scaler else weighted).backward()
+        # DDP all-reduces once per update: on the window's last micro-batch (the planner times it so)
+        last = i == len(w["indices"]) - 1
+        sync = self.model.no_sync() if self.cfg.strategy == "ddp" and not last else contextlib.nullcontext()
+        with sync:
+            with self.autocast():
+                loss = self.workload.compute_loss(self.model, to_device(b, self.device))
+            value = float("nan") if self.fake else float(loss.detach())
+            if not self.fake and not math.isfinite(value):
+                raise NonFinite(self.update + 1)
+            weighted = loss * (n / total)  # mean over the window's counted targets, not a naive /K
+            (self.scaler.scale(weighted) if self.scaler else weighted).backward()
         w["loss_sum"] += value * n
         w["done"] += 1
         return value
@@ -152,7 +156,9 @@ class Trainer:
         else:
             self.optimizer.step()
         self.scheduler.step()  # once per optimizer update, never per micro-batch
-        self.optimizer.zero_grad(set_to_none=True)
+        # DDP's gradients are views into its all-reduce buckets: zero them in place. Set to None, the next
+        # window's no_sync backward would allocate a second gradient copy beside the buckets.
+        self.optimizer.zero_grad(set_to_none=self.cfg.strategy != "ddp")
         self.update += 1
         self.position = w["indices"][-1] + 1
         total = sum(w["counts"])

@@ -29,13 +29,13 @@ def by_run(ledger, run_id):
 @pytest.fixture(scope="module")
 def three_ways(tmp_path_factory):
     ledger = str(tmp_path_factory.mktemp("d") / "l.db")
-    configs = [cfg(), cfg("ddp", 2), cfg("fsdp", 2), cfg("fsdp", 2, mode="estimated")]
+    configs = [cfg(), cfg("ddp", 2), cfg("fsdp", 2), cfg("fsdp", 2, mode="estimated"), cfg("ddp", 2, grad_accum=2)]
     res = run_grid(configs, ledger, progress=lambda m: None)
     return ledger, res.run_ids
 
 
 def test_ddp_two_ranks_each_write_every_phase(three_ways):
-    ledger, (single, ddp, _, _) = three_ways
+    ledger, (single, ddp, _, _, _) = three_ways
     d = by_run(ledger, ddp)
     why = d[["rank", "phase", "verdict", "detail"]].to_string()
     assert sorted(zip(d["rank"], d["phase"])) == sorted((r, p) for r in (0, 1) for p in PHASES), why
@@ -54,8 +54,24 @@ def test_ddp_two_ranks_each_write_every_phase(three_ways):
             assert mine[phase] <= s[phase] + grads * 1.01, phase
 
 
+def test_ddp_accumulation_syncs_once_and_keeps_one_gradient_copy(three_ways):
+    """Micro-batches before the last of a window run under no_sync; gradients are zeroed in place (bucket
+    views), so steady updates hold one gradient copy. The first window after a start or a resume holds the
+    no_sync gradients beside the buckets until the first all-reduce: the planner adds one copy for it."""
+    ledger, (_, ddp, _, _, acc2) = three_ways
+    one, two = by_run(ledger, ddp), by_run(ledger, acc2)
+    assert (two["verdict"] == "ok").all() and set(two["effective_batch"]) == {8}, two[["phase", "detail"]]
+    for rank in (0, 1):
+        a = one[one["rank"] == rank].set_index("phase")
+        b = two[two["rank"] == rank].set_index("phase")
+        grads = a.loc["setup", "param_bytes"]
+        assert abs(b.loc["steady", "peak_allocated_bytes"] - a.loc["steady", "peak_allocated_bytes"]) \
+            <= 0.10 * a.loc["steady", "peak_allocated_bytes"]
+        assert b.loc["resume", "peak_allocated_bytes"] <= b.loc["steady", "peak_allocated_bytes"] + grads * 1.01
+
+
 def test_fsdp_halves_model_states_per_rank(three_ways):
-    ledger, (single, _, fsdp, _) = three_ways
+    ledger, (single, _, fsdp, _, _) = three_ways
     s = by_run(ledger, single).set_index("phase")
     f = by_run(ledger, fsdp)
     assert (f["verdict"] == "ok").all() and len(f) == 2 * len(PHASES), f[["rank", "phase", "verdict", "detail"]]
@@ -67,7 +83,7 @@ def test_fsdp_halves_model_states_per_rank(three_ways):
 
 
 def test_fake_process_group_estimate_agrees_with_two_real_ranks(three_ways):
-    ledger, (_, _, fsdp, est) = three_ways
+    ledger, (_, _, fsdp, est, _) = three_ways
     real = by_run(ledger, fsdp)
     real = real[real["rank"] == 0].set_index("phase")
     e = by_run(ledger, est)

@@ -79,10 +79,10 @@ def test_cheapest_offer_equals_brute_force(offers, hours_needed):
     camp = load_campaign_text(campaign_yaml(setup_hours=0), "t")
     sheet = pd.DataFrame([{"offer": f"o{i}", "gpu": "g", "provider": "p", "strategy": "single", "verdict": FITS,
                            "variant_hours_low": h / speed, "variant_hours_high": h / speed,
-                           "price_per_instance_hour_usd": price, "billing_minimum_hours": 0.0}
+                           "price_per_hour_usd": price, "billing_minimum_hours": 0.0}
                           for i, (price, speed) in enumerate(offers) for h in [hours_needed]])
     plans = plan_windows(sheet, camp, [3])
-    cost = {r.offer: r.price_per_instance_hour_usd * r.variant_hours_high * 2 for r in sheet.itertuples()}
+    cost = {r.offer: r.price_per_hour_usd * r.variant_hours_high * 2 for r in sheet.itertuples()}
     best = min(cost.values())
     marked = plans[plans["cheapest_for_priority_1"]]
     assert len(marked) == 1
@@ -132,5 +132,5 @@ def test_fsdp_is_chosen_when_model_states_do_not_fit_one_gpu(tmp_path):
     eight = sheet[(sheet["gpu"] == "h100_sxm") & (sheet["gpus_per_instance"] == 8)].iloc[0]
     assert one["verdict"] == NO_FIT  # 80.5 GiB need on an 80 GiB card
     assert eight["strategy"] == "fsdp × 8" and eight["verdict"] in (FITS, TIGHT)
-    assert "estimated for FSDP × 8" in eight["need_basis"] and "do not fit one GPU" in eight["notes"]
+    assert "estimated for FSDP × 8" in eight["need_basis"] and "do not fit one GPU" in eight["strategy_why"]
     assert eight["micro_batch"] * eight["grad_accum"] * eight["replicas"] == 16

@@ -1,0 +1,135 @@
+"""Offers with several GPUs (and several nodes): the strategy per offer and why, collectives timed from the
+catalog's links, per-GPU need from FSDP lines. Pure planner: no torch."""
+
+import dataclasses
+import math
+
+import pytest
+import yaml
+
+from planner.campaign import load_campaign_text
+from planner.catalog import Offer, load_catalog, parse_catalog
+from planner.errors import CatalogError
+from planner.ledger import read_lines
+from planner.select import NO_FIT, select
+from planner.timing import Throughput, comm_time
+from tests.factories import GiB, MiB, campaign_yaml, config, pilot_lines, write_ledger
+
+CATALOG = load_catalog()
+
+
+def tp(grad_bytes=10**9, param_bytes=10**9) -> Throughput:
+    return Throughput(flops_per_token=1.0, ops_per_micro_batch=None, measured_s_per_token=None, device="cpu",
+                      device_name="Test CPU", grad_bytes=grad_bytes, param_bytes=param_bytes, micro_batch=1,
+                      seq_len=1, grad_accum=1)
+
+
+def offer(gpus=8, nodes=1, **kw) -> Offer:
+    base = dict(id="test-offer", gpu="h100_sxm", provider="test", gpus_per_instance=gpus,
+                price_per_instance_hour_usd=20.0, spot=False, as_of="2026-12-01", source="test", nodes=nodes)
+    if nodes > 1:
+        base.update(network="InfiniBand NDR", network_gbps=3200.0)
+    return Offer(**{**base, **kw})
+
+
+def test_collectives_are_ring_times_over_the_catalog_links():
+    h100 = CATALOG.gpu("h100_sxm")  # NVLink 900 GB/s bidirectional: 450 GB/s each way
+    ddp = comm_time(tp(), "ddp", h100, offer(), grad_accum=4)
+    assert math.isclose(ddp.seconds, 2 * 7 / 8 * 1e9 / 450e9)  # once per update, whatever the accumulation
+    fsdp = comm_time(tp(), "fsdp", h100, offer(), grad_accum=4)
+    assert math.isclose(fsdp.seconds, 4 * (2e9 + 1e9) * 7 / 8 / 450e9)  # 2 all-gathers + reduce-scatter each
+    two = comm_time(tp(), "ddp", h100, offer(nodes=2), grad_accum=1)
+    assert math.isclose(two.seconds, 2 * 7 / 8 * 1e9 / 450e9 + 2 * 1 / 2 * 1e9 / 400e9)  # 3200 Gb/s = 400 GB/s
+    assert "between 2 nodes" in two.basis and "(estimated)" in two.basis
+    pcie = comm_time(tp(), "ddp", CATALOG.gpu("l4"), offer(gpu="l4"), grad_accum=1)
+    assert pcie.seconds > ddp.seconds  # no NVLink: PCIe
+
+
+def ledger(tmp_path, peak=lambda mb, seq: 100 * MiB + mb * seq * 50_000, flops=1e12, trainable=1_000_000,
+           extra=()):
+    lines = []
+    for mb, seq in [(1, 128), (2, 128), (1, 256), (4, 256)]:
+        cfg = config(micro_batch=mb, seq_len=seq, eval_seq_len=seq, eval_micro_batch=mb)
+        for ln in pilot_lines(cfg, peak(mb, seq), flops_per_update=flops):
+            fields = {"first_step": {"trainable_param_count": trainable},
+                      "setup": {"param_count": trainable, "param_bytes": 4 * trainable}}.get(ln.phase, {})
+            lines.append(dataclasses.replace(ln, **fields))
+    return read_lines(write_ledger(tmp_path / "l.db", lines + list(extra)))
+
+
+def row(sheet, offer_id):
+    return sheet[sheet["offer"] == offer_id].iloc[0]
+
+
+def test_ddp_when_replicas_are_faster_single_when_the_all_reduce_eats_the_gain(tmp_path):
+    camp = load_campaign_text(campaign_yaml(), "t")
+    offers = [offer(id="h100-1x", gpus=1), offer(id="h100-8x"), offer(id="l4-8x", gpu="l4")]
+    heavy = select(camp, ledger(tmp_path, flops=1e15), CATALOG, offers=offers)  # compute-bound: split it
+    assert row(heavy, "h100-1x")["strategy"] == "single"
+    assert row(heavy, "h100-1x")["strategy_why"] == "one GPU per instance"
+    eight = row(heavy, "h100-8x")
+    assert eight["strategy"] == "ddp × 8" and eight["replicas"] == 8
+    assert eight["examples_per_update"] == 16 and eight["micro_batch"] * eight["grad_accum"] == 2
+    assert "DDP × 8: a replica fits one GPU; 8 replicas:" in eight["strategy_why"]
+    assert "all-reduce of the fp32 gradients" in eight["time_basis"]
+    assert eight["update_s_high"] < row(heavy, "h100-1x")["update_s_high"]
+
+    (tmp_path / "b").mkdir()
+    light = select(camp, ledger(tmp_path / "b", flops=1e9, trainable=2_000_000_000), CATALOG, offers=offers)
+    l4 = row(light, "l4-8x")  # 8 GB of gradients over PCIe against a launch-bound update: no gain
+    assert l4["strategy"] == "single" and l4["replicas"] == 1
+    assert "DDP × 8 would not be faster" in l4["strategy_why"] and "7 GPUs idle" in l4["strategy_why"]
+
+
+def test_ddp_need_adds_the_gradient_buckets_where_one_process_has_no_gradients(tmp_path):
+    camp = load_campaign_text(campaign_yaml(), "t")
+    lines = ledger(tmp_path, trainable=50_000_000, flops=1e15)  # 200 MB of fp32 gradients
+    sheet = select(camp, lines, CATALOG, offers=[offer(id="one", gpus=1), offer(id="two", gpus=2)])
+    one, two = row(sheet, "one"), row(sheet, "two")
+    assert two["strategy"] == "ddp × 2" and "DDP: + gradient buckets" in two["need_basis"]
+    assert two["need_bytes"] >= one["need_bytes"] - 1  # never below the single-process need
+
+
+def test_fsdp_need_comes_from_fsdp_lines_when_the_ledger_has_them(tmp_path):
+    camp = load_campaign_text(campaign_yaml(), "t")
+    huge = lambda mb, seq: 100 * GiB + mb * seq * 50_000  # noqa: E731  does not fit one GPU
+    sharded = []
+    for mb, seq in [(1, 256), (2, 256)]:
+        cfg = config(micro_batch=mb, seq_len=seq, eval_seq_len=seq, eval_micro_batch=mb, strategy="fsdp",
+                     world_size=8, mode="estimated")
+        sharded += pilot_lines(cfg, 20 * GiB + mb * seq * 50_000)
+    derived = select(camp, ledger(tmp_path, peak=huge), CATALOG, offers=[offer()])
+    (tmp_path / "b").mkdir()
+    measured = select(camp, ledger(tmp_path / "b", peak=huge, extra=sharded), CATALOG, offers=[offer()])
+    d, m = derived.iloc[0], measured.iloc[0]
+    assert d["verdict"] == NO_FIT  # the derived estimate (states / 8 + the rest) cannot shed 100 GiB of activations
+    assert m["strategy"] == "fsdp × 8" and m["verdict"] != NO_FIT
+    assert m["need_basis"].startswith("per rank from FSDP × 8 lines")
+    assert m["need_bytes"] == pytest.approx(1.15 * (20 * GiB + m["micro_batch"] * 256 * 50_000), rel=1e-6)
+    assert "do not fit one GPU" in m["strategy_why"] and m["replicas"] == 8
+
+
+def test_multi_node_offers_pay_every_node_and_time_the_network(tmp_path):
+    camp = load_campaign_text(campaign_yaml(effective_batch=32), "t")
+    lines = ledger(tmp_path, flops=1e15)
+    sheet = select(camp, lines, CATALOG, offers=[offer(id="1node"), offer(id="2nodes", nodes=2)])
+    one, two = row(sheet, "1node"), row(sheet, "2nodes")
+    assert two["replicas"] == 16 and two["strategy"] == "ddp × 16" and two["nodes"] == 2
+    assert two["price_per_hour_usd"] == 40.0 and one["price_per_hour_usd"] == 20.0
+    assert math.isclose(two["campaign_cost_usd_high"], 40.0 * two["campaign_hours_high"])
+    assert "InfiniBand NDR 3200 Gb/s between 2 nodes" in two["time_basis"]
+
+
+def test_catalog_multi_node_offer_must_name_its_network():
+    doc = yaml.safe_load(open("catalog.yaml"))
+    doc["offers"][0]["nodes"] = 2
+    doc["offers"][1]["nodes"] = 0
+    with pytest.raises(CatalogError) as e:
+        parse_catalog(doc, "test")
+    msg = str(e.value)
+    assert "offers[0].network: required when nodes > 1" in msg and "offers[0].network_gbps: required" in msg
+    assert "offers[1].nodes: must be > 0" in msg
+    doc["offers"][0].update(network="RoCE", network_gbps=800)
+    doc["offers"][1]["nodes"] = 1
+    cat = parse_catalog(doc, "test")
+    assert cat.offers[0].price_per_hour_usd == 2 * cat.offers[0].price_per_instance_hour_usd
