@@ -76,8 +76,15 @@ class Transformer(nn.Module):
                 x = block(x, attn_mask)
         return self.ln(x)
 
-    def forward(self, ids: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.head(self.hidden(ids, attn_mask))
+    def forward(self, ids: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                pool_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-token logits; with pool_mask (batch, seq), one row per sequence: the mean over its real tokens.
+        Everything goes through forward, so DDP and FSDP wrappers see the whole computation."""
+        h = self.hidden(ids, attn_mask)
+        if pool_mask is not None:
+            m = pool_mask.unsqueeze(-1).to(h.dtype)
+            h = (h * m).sum(1) / m.sum(1).clamp(min=1)
+        return self.head(h)
 
 
 @dataclass
@@ -178,10 +185,7 @@ class Classifier:
     def _logits(self, model: nn.Module, batch: dict) -> torch.Tensor:
         mask = batch["attention_mask"]
         attn = mask[:, None, None, :]  # keys that are padding are not attended to
-        h = model.hidden(batch["input_ids"], attn)
-        m = mask.unsqueeze(-1).to(h.dtype)
-        pooled = (h * m).sum(1) / m.sum(1).clamp(min=1)  # mean over real tokens only
-        return model.head(pooled)
+        return model(batch["input_ids"], attn, pool_mask=mask)  # mean over real tokens only
 
     def compute_loss(self, model: nn.Module, batch: dict) -> torch.Tensor:
         return F.cross_entropy(self._logits(model, batch).float(), batch["labels"])

@@ -101,6 +101,18 @@ def test_fake_process_group_estimate_agrees_with_two_real_ranks(three_ways):
     assert e.loc["first_step", "optimizer_state_bytes"] == real.loc["first_step", "optimizer_state_bytes"]
 
 
+def test_classifier_runs_whole_under_both_strategies(tmp_path):
+    """The classifier pools inside forward: the wrappers' hooks (DDP's reducer, FSDP's root all-gather) run."""
+    ledger = str(tmp_path / "l.db")
+    clf = {"layers": 1, "d_model": 32, "heads": 2, "vocab": 64, "max_len": 64}
+    res = run_grid([ProbeConfig(workload="builtin:classifier", params_json=json.dumps(clf, sort_keys=True),
+                                seq_len=32, eval_seq_len=32, micro_batch=2, eval_micro_batch=2, strategy=s,
+                                world_size=2) for s in ("ddp", "fsdp")], ledger, progress=lambda m: None)
+    for run_id in res.run_ids:
+        d = by_run(ledger, run_id)
+        assert len(d) == 2 * len(PHASES) and (d["verdict"] == "ok").all(), d[["rank", "phase", "detail"]]
+
+
 @pytest.mark.parametrize("how, verdict", [("raise", "error"), ("hang", "timeout")])
 def test_a_failing_rank_ends_its_configuration_and_the_next_runs(tmp_path, how, verdict):
     ledger = str(tmp_path / "l.db")
