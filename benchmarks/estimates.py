@@ -1,4 +1,4 @@
-"""Issue 5 figures: the 7B-shape estimate, held-out memory-model error, search probes, false-fit rate.
+"""Issue 5 and 6 figures: the 7B-shape estimate (one process, and rank 0 of FSDP × 8), held-out memory-model error, search probes, false-fit rate.
 
     python benchmarks/estimates.py [--out figures.json]
 """
@@ -30,8 +30,12 @@ sys.path.insert(0, %r)
 import torch
 from planner.records import ProbeConfig
 from probes.pilot import Pilot
+n = %d
+if n > 1:
+    from probes.distributed import init_fake_process_group
+    init_fake_process_group(n)
 cfg = ProbeConfig(params_json=json.dumps(%r), micro_batch=1, seq_len=2048, eval_seq_len=2048, precision="bf16",
-                  mode="estimated")
+                  mode="estimated", strategy="fsdp" if n > 1 else "single", world_size=n)
 out = {}
 p = Pilot(cfg, "/tmp", lambda k, x: out.__setitem__(x["phase"], x) if k == "line" else None, "r", "p")
 p.run(("setup", "first_step"))
@@ -44,8 +48,19 @@ print(json.dumps({"first_step_s": out["first_step"]["seconds"], "setup_s": out["
 """
 
 
+def seven_b_fsdp(n: int = 8) -> dict:
+    """The same model, rank 0 of n under FSDP on a fake process group: states / n per rank."""
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", SEVEN_B % (str(ROOT), n, LLAMA7B)], capture_output=True, text=True,
+                       timeout=600)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res["wall_s"] = time.perf_counter() - t0
+    res["GiB"] = {k: round(v / 2**30, 2) for k, v in res.items() if k.endswith("bytes") and isinstance(v, int)}
+    return res
+
+
 def seven_b() -> dict:
-    r = subprocess.run([sys.executable, "-c", SEVEN_B % (str(ROOT), LLAMA7B)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", SEVEN_B % (str(ROOT), 1, LLAMA7B)], capture_output=True, text=True,
                        timeout=600)
     res = json.loads(r.stdout.strip().splitlines()[-1])
     n_tensors = 2 + 32 * 12 + 3  # tok, pos; 12 per block; final norm (2) and head: one fp32 step counter each
@@ -132,7 +147,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    figures = {"seven_b_first_step_estimate": seven_b(), "memory_model": model_error(), "search": search()}
+    figures = {"seven_b_first_step_estimate": seven_b(), "seven_b_fsdp8_rank0_estimate": seven_b_fsdp(8),
+               "memory_model": model_error(), "search": search()}
     print(json.dumps(figures, indent=2, default=str))
     if args.out:
         Path(args.out).write_text(json.dumps(figures, indent=2, default=str))

@@ -13,7 +13,7 @@ import os
 import weakref
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 
@@ -49,6 +49,14 @@ class LiveTensorTracker(TorchDispatchMode):
         return out
 
     def _track(self, t: torch.Tensor) -> None:
+        if is_traceable_wrapper_subclass(t):
+            # A wrapper (DTensor) owns no memory: its storage reports the full logical size but has no data.
+            # The memory is in its inner tensors (a DTensor's local shard).
+            for name in t.__tensor_flatten__()[0]:
+                inner = getattr(t, name)
+                if isinstance(inner, torch.Tensor):
+                    self._track(inner)
+            return
         st = t.untyped_storage()
         key = id(st)
         if key in self._sizes:

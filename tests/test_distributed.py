@@ -80,6 +80,9 @@ def test_fsdp_halves_model_states_per_rank(three_ways):
         for col, phase in (("param_bytes", "setup"), ("optimizer_state_bytes", "first_step")):
             half = s.loc[phase, col] / 2
             assert abs(mine.loc[phase, col] - half) <= 0.10 * half, (rank, col)
+        # the tracker counts a DTensor by its local shard (its wrapper storage reports the full size): the
+        # first update, where weights, gradients and optimizer state dominate, needs about half per rank
+        assert mine.loc["first_step", "peak_allocated_bytes"] <= 0.6 * s.loc["first_step", "peak_allocated_bytes"]
 
 
 def test_fake_process_group_estimate_agrees_with_two_real_ranks(three_ways):
@@ -92,9 +95,12 @@ def test_fake_process_group_estimate_agrees_with_two_real_ranks(three_ways):
     assert (e["mode"] == "estimated").all() and (e["rank"] == 0).all() and (e["world_size"] == 2).all(), why
     assert e["device_name"].str.contains("rank 0 of 2 on a fake process group").all()
     e = e.set_index("phase")
-    for phase in ("setup", "first_step", "steady", "eval", "save"):
+    for phase in ("setup", "first_step", "steady", "eval", "save", "resume"):
         m, x = real.loc[phase, "peak_allocated_bytes"], e.loc[phase, "peak_allocated_bytes"]
         assert abs(x - m) <= 0.05 * m, (phase, m, x)
+    # export gathers the full weights to rank 0; the estimate comes out above gloo's figure (16% on this toy
+    # model, 1.8% on a 4-layer one), never below it
+    assert e.loc["export", "peak_allocated_bytes"] >= real.loc["export", "peak_allocated_bytes"]
     assert abs(e["peak_allocated_bytes"].max() - real["peak_allocated_bytes"].max()) \
         <= 0.05 * real["peak_allocated_bytes"].max()  # the per-rank need the planner reads
     assert e.loc["setup", "param_bytes"] == real.loc["setup", "param_bytes"]  # the shard, not the model
