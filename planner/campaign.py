@@ -113,25 +113,17 @@ def parse_campaign(data, source: str) -> Campaign:
         if mb and isinstance(eb, int) and eb % int(mb):
             p.add("micro_batch", f"{mb} does not divide effective_batch {eb}")
     ev = data.get("eval")
-    if ev is not None:
-        if not isinstance(ev, dict):
-            p.add("eval", "must be a mapping with every_updates, examples, seq_len")
-        else:
-            p.unknown_keys("eval", ev, EVAL_KEYS)
-            p.require("eval", ev, ["every_updates", "examples", "seq_len"])
-            for key in EVAL_KEYS:
-                if ev.get(key) is not None:
-                    p.number(f"eval.{key}", ev[key], positive=True, integer=True)
+    if ev is not None and p.mapping("eval", ev, EVAL_KEYS, "a mapping with every_updates, examples, seq_len"):
+        p.require("eval", ev, ["every_updates", "examples", "seq_len"])
+        for key in EVAL_KEYS:
+            if ev.get(key) is not None:
+                p.number(f"eval.{key}", ev[key], positive=True, integer=True)
     stop = data.get("stop_if")
-    if stop is not None:
-        if not isinstance(stop, dict):
-            p.add("stop_if", "must be a mapping")
-        else:
-            p.unknown_keys("stop_if", stop, STOP_KEYS)
-            if "nonfinite" in stop:
-                p.boolean("stop_if.nonfinite", stop["nonfinite"])
-            if "loss_above" in stop:
-                p.number("stop_if.loss_above", stop["loss_above"], positive=True)
+    if stop is not None and p.mapping("stop_if", stop, STOP_KEYS) is not None:
+        if "nonfinite" in stop:
+            p.boolean("stop_if.nonfinite", stop["nonfinite"])
+        if "loss_above" in stop:
+            p.number("stop_if.loss_above", stop["loss_above"], positive=True)
     variants = data.get("variants")
     ids: set = set()
     if variants is not None:

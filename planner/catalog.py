@@ -151,11 +151,7 @@ def parse_catalog(data, source: str) -> Catalog:
         p.add("", "the catalog must be a mapping with gpus: and offers:")
         p.raise_if_any(CatalogError)
     p.unknown_keys("", data, TOP_KEYS)
-    defaults = data.get("defaults") or {}
-    if not isinstance(defaults, dict):
-        p.add("defaults", "must be a mapping")
-        defaults = {}
-    p.unknown_keys("defaults", defaults, DEFAULT_KEYS)
+    defaults = p.mapping("defaults", data.get("defaults") or {}, DEFAULT_KEYS) or {}
     ctx = p.number("defaults.cuda_context_gib", defaults.get("cuda_context_gib", 0.5), positive=True, allow_zero=True)
     frag = p.number("defaults.fragmentation_factor", defaults.get("fragmentation_factor", 1.15), positive=True)
     if frag is not None and frag < 1:
@@ -193,11 +189,9 @@ def parse_catalog(data, source: str) -> Catalog:
 
 
 def _parse_gpu(p: Problems, path: str, g) -> Gpu | None:
-    if not isinstance(g, dict):
-        p.add(path, "must be a mapping")
-        return None
     n0 = len(p.items)
-    p.unknown_keys(path, g, GPU_KEYS)
+    if p.mapping(path, g, GPU_KEYS) is None:
+        return None
     p.require(path, g, GPU_REQUIRED)
     for key in ("memory_gb_marketed", "memory_gib_usable", "mem_bandwidth_tbps"):
         if g.get(key) is not None:
@@ -229,11 +223,9 @@ def _parse_gpu(p: Problems, path: str, g) -> Gpu | None:
 
 
 def _parse_offer(p: Problems, path: str, o, gpu_ids: set) -> Offer | None:
-    if not isinstance(o, dict):
-        p.add(path, "must be a mapping")
-        return None
     n0 = len(p.items)
-    p.unknown_keys(path, o, OFFER_KEYS)
+    if p.mapping(path, o, OFFER_KEYS) is None:
+        return None
     p.require(path, o, OFFER_REQUIRED)
     if o.get("price_per_instance_hour_usd") is not None:
         p.number(f"{path}.price_per_instance_hour_usd", o["price_per_instance_hour_usd"], positive=True)

@@ -71,7 +71,8 @@ def memory_per_phase(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int 
             ax.axhline(g["usable_bytes"] / MiB, linestyle="--", linewidth=0.8, color="grey")
             ax.text(len(PHASES) - 0.5, g["usable_bytes"] / MiB, f" {g['gpu']}", fontsize=7, va="bottom", ha="right")
         r = rows.dropna(subset=["micro_batch"]).iloc[0]
-        ax.set_title(f"mb {int(r['micro_batch'])} × seq {int(r['seq_len'])}, {r['precision']}", fontsize=9)
+        ranks = f", {r['strategy']} × {int(r['world_size'])} rank 0" if r["world_size"] > 1 else ""
+        ax.set_title(f"mb {int(r['micro_batch'])} × seq {int(r['seq_len'])}, {r['precision']}{ranks}", fontsize=9)
         ax.set_xticks(list(x), PHASES, rotation=45, fontsize=7)
         ax.set_yscale("log")
     axes[0][0].set_ylabel("MiB (log scale)")

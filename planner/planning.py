@@ -11,7 +11,7 @@ from planner.campaign import Campaign
 from planner.catalog import Catalog
 from planner.errors import InputError
 from planner.plans import budget_review, plan_windows, recommend
-from planner.select import families, family_for, family_lines, require_feasible, select
+from planner.select import families, family_for, family_lines, require_feasible, select, single_process
 
 
 @dataclass
@@ -40,7 +40,7 @@ def local_order(campaign: Campaign, result: PlanResult, catalog: Catalog, headro
 
     from planner.render import provenance
 
-    fams = families(result.lines, catalog.fragmentation_factor)
+    fams = families(single_process(result.lines), catalog.fragmentation_factor)
     fam = family_for(fams, campaign.precision)
     ok = fam.lines[(fam.lines["verdict"] == "ok") & (fam.lines["phase"] == "steady")]
     row = ok.sort_values(["seq_len", "micro_batch"]).iloc[-1]

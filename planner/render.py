@@ -107,10 +107,9 @@ def provenance(lines: pd.DataFrame) -> list[dict]:
 
 def _price(r) -> str:
     """Per hour for the whole offer; a multi-node offer says what one node costs."""
-    nodes = int(r.get("nodes", 1) or 1)
-    total = float(r.get("price_per_hour_usd", r["price_per_instance_hour_usd"]))
+    nodes = int(r["nodes"])
     each = f" ({nodes} nodes × {_usd(r['price_per_instance_hour_usd'])})" if nodes > 1 else ""
-    return _usd(total) + ("/h spot" if r["spot"] else "/h") + each
+    return _usd(r["price_per_hour_usd"]) + ("/h spot" if r["spot"] else "/h") + each
 
 
 def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
@@ -124,7 +123,7 @@ def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
             "max_mb": f"{r['max_micro_batch']}{'*' if r['max_micro_batch_extrapolated'] else ''}",
             "max_seq": f"{r['max_seq_len_at_mb1']}{'*' if r['max_seq_len_extrapolated'] else ''}",
             "precision": r["precision"], "mb": r["micro_batch"], "accum": r["grad_accum"], "replicas": r["replicas"],
-            "strategy": r["strategy"], "strategy_why": r.get("strategy_why", ""),
+            "strategy": r["strategy"], "strategy_why": r["strategy_why"],
             "update_time": _range(r["update_s_low"], r["update_s_high"], fmt_seconds),
             "per_variant": _range(_h2s(r["variant_hours_low"]), _h2s(r["variant_hours_high"]), fmt_seconds),
             "hours": _range(r["campaign_hours_low"], r["campaign_hours_high"], lambda h: f"{h:.2f} h"),
@@ -192,7 +191,7 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
               "attention) may need less"] if "estimated" in modes else []),
         "recommended": None if rec is None else {
             "offer": rec["offer"], "gpu": rec["gpu"], "provider": rec["provider"], "instance": rec["instance"] or "",
-            "gpus": int(rec["gpus_per_instance"]), "price": _price(rec), "strategy_why": rec.get("strategy_why", ""),
+            "gpus": int(rec["gpus_per_instance"]), "price": _price(rec), "strategy_why": rec["strategy_why"],
             "usable": fmt_bytes(rec["usable_bytes"]), "need": fmt_bytes(rec["need_bytes"]),
             "need_phase": rec["need_phase"], "need_basis": rec["need_basis"], "headroom": f"{rec['headroom_pct']:.0f}%",
             "max_mb": rec["max_micro_batch"], "max_seq": rec["max_seq_len_at_mb1"], "precision": rec["precision"],
@@ -246,10 +245,10 @@ def order_document(campaign: Campaign, rec: pd.Series, lines: pd.DataFrame, cata
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "campaign": campaign.name,
         "offer": {"id": rec["offer"], "provider": rec["provider"], "instance": rec["instance"],
-                  "gpus_per_instance": int(rec["gpus_per_instance"]), "nodes": int(rec.get("nodes", 1) or 1),
-                  "network": rec.get("network"),
+                  "gpus_per_instance": int(rec["gpus_per_instance"]), "nodes": int(rec["nodes"]),
+                  "network": rec["network"],
                   "price_per_instance_hour_usd": float(rec["price_per_instance_hour_usd"]),
-                  "price_per_hour_usd": float(rec.get("price_per_hour_usd", rec["price_per_instance_hour_usd"])),
+                  "price_per_hour_usd": float(rec["price_per_hour_usd"]),
                   "as_of": rec["as_of"], "source": rec["price_source"]},
         "expect": {"device_kind": "cuda" if gpu.software == "cuda" else "rocm", "gpu_id": gpu.id,
                    "gpu_name": gpu.name, "usable_bytes": int(gpu.usable_bytes), "compute_capability": gpu.compute_capability,

@@ -64,6 +64,11 @@ def family_lines(lines: pd.DataFrame, campaign: Campaign) -> pd.DataFrame:
     return fam
 
 
+def single_process(lines: pd.DataFrame) -> pd.DataFrame:
+    """Lines of one-process runs: what memory models and times are fitted on (rank lines stand apart)."""
+    return lines[lines["world_size"] == 1]
+
+
 def sharded_families(fam_lines: pd.DataFrame, fragmentation: float) -> dict[tuple[str, int], MemoryModel]:
     """Per-rank memory models of FSDP lines (measured ranks or fake-process-group estimates) by (precision, N)."""
     fsdp = fam_lines[(fam_lines["strategy"] == "fsdp") & (fam_lines["world_size"] > 1)]
@@ -136,7 +141,7 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
            offers: list[Offer] | None = None, observed: dict[str, dict] | None = None) -> pd.DataFrame:
     """The selection sheet: one row per offer, sorted fits first, then by campaign cost."""
     all_lines = family_lines(lines, campaign)
-    fam_lines = all_lines[all_lines["world_size"] == 1]
+    fam_lines = single_process(all_lines)
     if fam_lines.empty:
         raise LedgerError(f"only multi-rank lines for {campaign.workload}: plans start from one process. Probe "
                           "once without --strategy (or estimate it) too.")
@@ -240,7 +245,7 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
                     "why": f"DDP × {replicas}: a replica fits one GPU{faster}, all-reduce included (estimated)"}
         return {**one, "kind": "single", "label": "single",
                 "why": f"single GPU: DDP × {replicas} would not be faster ({fmt_seconds(tn.high_s)} vs "
-                       f"{fmt_seconds(t1.high_s)} per update, slow end: the all-reduce outweighs the split); "
+                       f"{fmt_seconds(t1.high_s)} per update, slow end, estimated: the all-reduce outweighs the split); "
                        f"{gpus - 1} GPUs idle, so an offer with fewer GPUs is the better rental"}
     if ddp["verdict"] != NO_FIT:  # the effective batch cannot be split: one replica
         return {**ddp, "kind": "single", "label": "single", "why": "single GPU: the effective batch does not split"}

@@ -138,7 +138,7 @@ def comm_time(tp: Throughput, strategy: str, gpu: Gpu, offer: Offer, grad_accum:
 
 
 def update_time(tp: Throughput, gpu: Gpu, precision: str, micro_batch: int, seq_len: int, grad_accum: int,
-                replicas: int, catalog: Catalog, strategy: str = "single", offer: Offer | None = None) -> TimeRange:
+                replicas: int, catalog: Catalog, strategy: str, offer: Offer) -> TimeRange:
     """Seconds per optimizer update on `gpu` for the planned configuration (per-GPU compute + collectives)."""
     tokens = micro_batch * seq_len * grad_accum * replicas
     flops = tp.flops_per_token * tokens
@@ -165,9 +165,7 @@ def update_time(tp: Throughput, gpu: Gpu, precision: str, micro_batch: int, seq_
     else:
         return TimeRange(float("nan"), float("nan"), f"no {precision} peak for {gpu.id} in the catalog")
     if replicas > 1:
-        if offer is None:  # one instance of `replicas` GPUs
-            offer = Offer("-", gpu.id, "-", replicas, 0.0, False, "-", "-")
-        comm = comm_time(tp, strategy if strategy in ("ddp", "fsdp") else "ddp", gpu, offer, grad_accum)
+        comm = comm_time(tp, strategy, gpu, offer, grad_accum)
         lo, hi = max(lo, comm.seconds), hi + comm.seconds
         basis += f"; {comm.basis}"
     return TimeRange(lo, hi, basis)

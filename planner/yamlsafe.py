@@ -91,6 +91,14 @@ class Problems:
                 extra = f" (did you mean {hint[0]!r}?)" if hint else f" (allowed: {', '.join(sorted(allowed))})"
                 self.add(_join(path, key), f"unknown key{extra}")
 
+    def mapping(self, path: str, value: Any, allowed: set[str] | list[str], what: str = "a mapping") -> dict | None:
+        """The value when it is a mapping (its unknown keys named); None, with the problem added, when not."""
+        if not isinstance(value, dict):
+            self.add(path, f"must be {what}")
+            return None
+        self.unknown_keys(path, value, allowed)
+        return value
+
     def require(self, path: str, data: dict, keys: list[str]) -> None:
         for key in keys:
             if key not in data or data[key] is None:

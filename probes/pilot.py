@@ -188,12 +188,11 @@ class Pilot:
         return {"checkpoint_bytes": self.trainer.save(self.ckpt_path)}
 
     def export(self) -> dict:
-        if self.fake and self.cfg.strategy == "fsdp":  # the gather to rank 0 is what costs memory: run it
-            return {"checkpoint_bytes": _tensor_bytes(self.trainer.gathered_weights()),
-                    "detail": "estimated: full weights gathered to rank 0, no file written"}
-        if self.fake:
-            return {"checkpoint_bytes": _tensor_bytes(self.trainer.model.state_dict()),
-                    "detail": "estimated: weights size, no file written"}
+        if self.fake:  # FSDP: the gather to rank 0 is what costs memory, so it runs
+            fsdp = self.cfg.strategy == "fsdp"
+            weights = self.trainer.gathered_weights() if fsdp else self.trainer.model.state_dict()
+            return {"checkpoint_bytes": _tensor_bytes(weights), "detail": "estimated: "
+                    + ("full weights gathered to rank 0" if fsdp else "weights size") + ", no file written"}
         path = os.path.join(self.workdir, f"{self.run_id}.model.safetensors")
         size = self.trainer.export(path)  # weights only (gathered to rank 0 when sharded)
         return {"checkpoint_bytes": size}
@@ -209,13 +208,12 @@ class Pilot:
     def resume(self) -> dict:
         # A fresh process: build, load the full checkpoint (weights_only=True), take one update.
         self.trainer = self.new_trainer()
-        if self.fake and self.cfg.strategy == "fsdp":  # shards are read in place; the rest as below
-            self.trainer.load_sharded(None)
-            loaded = _clone_tensors({**self._checkpoint, "model": None, "optimizer": None, "grads": None})
-            self.trainer.load_state_dict(loaded)
-            del loaded
-        elif self.fake:  # torch.load materialises every tensor of the file, then load_state_dict copies them in
-            loaded = _clone_tensors(self._checkpoint)
+        if self.fake:  # torch.load materialises every tensor of the file, then load_state_dict copies them in
+            state = self._checkpoint
+            if self.cfg.strategy == "fsdp":  # as Trainer.load: shards restored in place, the rest from the file
+                self.trainer.load_sharded(None)
+                state = {**state, "model": None, "optimizer": None, "grads": None}
+            loaded = _clone_tensors(state)
             self.trainer.load_state_dict(loaded)
             del loaded
         else:

@@ -133,3 +133,18 @@ def test_catalog_multi_node_offer_must_name_its_network():
     doc["offers"][1]["nodes"] = 1
     cat = parse_catalog(doc, "test")
     assert cat.offers[0].price_per_hour_usd == 2 * cat.offers[0].price_per_instance_hour_usd
+
+
+def test_local_order_is_sized_from_one_process_lines_only(tmp_path):
+    from planner.planning import local_order, make_plan
+
+    camp = load_campaign_text(campaign_yaml(), "t")
+    # a larger configuration than any one-process line, far below their memory: it must not be taken
+    ranks = pilot_lines(config(micro_batch=8, seq_len=256, eval_seq_len=256, eval_micro_batch=8, strategy="fsdp",
+                               world_size=8, mode="estimated"), 1 * MiB)
+    plain = ledger(tmp_path)
+    (tmp_path / "b").mkdir()
+    mixed = ledger(tmp_path / "b", extra=ranks)
+    orders = [local_order(camp, make_plan(camp, lines, CATALOG), CATALOG, 0.10) for lines in (plain, mixed)]
+    assert orders[0]["plan"]["need_bytes"] == orders[1]["plan"]["need_bytes"]
+    assert orders[0]["settings"] == orders[1]["settings"] and orders[1]["settings"]["micro_batch"] == 4
