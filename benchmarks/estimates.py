@@ -44,7 +44,7 @@ print(json.dumps({"first_step_s": out["first_step"]["seconds"], "setup_s": out["
                   "params": out["setup"]["param_count"], "param_bytes": out["setup"]["param_bytes"],
                   "optimizer_state_bytes": out["first_step"]["optimizer_state_bytes"],
                   "first_step_peak_bytes": out["first_step"]["peak_allocated_bytes"],
-                  "flops_per_update": out["first_step"]["flops_per_update"]}))
+                  "flops_per_update": out["steady"]["flops_per_update"]}))
 """
 
 

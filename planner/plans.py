@@ -96,12 +96,9 @@ def _billing_minimum(row) -> float:
 
 
 def recommend(sheet: pd.DataFrame) -> pd.Series | None:
-    """The cheapest offer that fits (tight only when nothing fits comfortably)."""
-    for verdict in ("fits", "tight"):
-        ok = sheet[(sheet["verdict"] == verdict) & sheet["campaign_cost_usd_high"].notna()]
-        if not ok.empty:
-            return ok.sort_values(["campaign_cost_usd_high", "campaign_hours_high"]).iloc[0]
-    return None
+    """The row the selection marked as recommended (planner/select.py: recommended_index)."""
+    rec = sheet[sheet["recommended"]] if "recommended" in sheet else sheet.iloc[0:0]
+    return None if rec.empty else rec.iloc[0]
 
 
 def budget_review(sheet: pd.DataFrame, plans: pd.DataFrame, campaign: Campaign) -> dict:

@@ -57,6 +57,7 @@ class ProbeConfig:
     mode: str = "measured"
     world_size: int = 1
     strategy: str = "single"
+    target: str = ""  # estimates: the kernel class they emulate (e.g. "sm80+"); "" = the device's own kernels
 
     @property
     def effective_batch(self) -> int:
@@ -64,7 +65,10 @@ class ProbeConfig:
 
     def key(self) -> str:
         """Stable identity of a configuration: the same request always gets the same key."""
-        blob = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        fields = dataclasses.asdict(self)
+        if not self.target:  # added later: absent when unset, so keys in older ledgers stay the same
+            del fields["target"]
+        blob = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def label(self) -> str:
@@ -101,6 +105,7 @@ class Line:
     cap_bytes: int | None
     mode: str
     strategy: str
+    target: str
     rank: int
     world_size: int
     # where it ran
@@ -121,8 +126,9 @@ class Line:
     seconds: float | None = None
     update_times_s: str = "[]"  # JSON list of synchronized per-update times (steady)
     update_s: float | None = None  # median of update_times_s
-    flops_per_update: float | None = None
-    ops_per_update: int | None = None
+    flops_per_update: float | None = None  # steady: one update's FLOPs, from the census pass (probes/census.py)
+    ops_per_update: int | None = None  # steady: kernel launches per update, same census
+    op_profile_json: str = ""  # steady: per kernel target, the update's ops as [kind, dtype, flops, bytes, count]
     param_count: int | None = None
     trainable_param_count: int | None = None
     param_bytes: int | None = None
@@ -141,7 +147,7 @@ class Line:
             "grad_accum": cfg.grad_accum, "effective_batch": cfg.effective_batch, "precision": cfg.precision,
             "checkpointing": cfg.checkpointing, "optimizer": cfg.optimizer, "lr": cfg.lr, "cap": cfg.cap,
             "cap_bytes": cfg.cap_bytes, "mode": cfg.mode, "strategy": cfg.strategy,
-            "world_size": cfg.world_size, "config_key": cfg.key(),
+            "world_size": cfg.world_size, "target": cfg.target, "config_key": cfg.key(),
         }
         base.update(kw)
         base.setdefault("rank", 0)

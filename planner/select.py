@@ -15,8 +15,9 @@ from planner.batching import largest_micro_batch
 from planner.campaign import Campaign
 from planner.catalog import Catalog, Gpu, Offer
 from planner.errors import LedgerError, NoFeasibleGpu
+from planner.evidence import Evidence, choose, run_facts
 from planner.memory_model import MemoryModel, Need, build_model, max_micro_batch, max_seq_len
-from planner.timing import Throughput, TimeRange, throughput_from_lines, update_time
+from planner.timing import Throughput, TimeRange, throughput, update_time
 from planner.units import fmt_bytes, fmt_seconds
 
 FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
@@ -64,55 +65,66 @@ def family_lines(lines: pd.DataFrame, campaign: Campaign) -> pd.DataFrame:
     return fam
 
 
-def single_process(lines: pd.DataFrame) -> pd.DataFrame:
-    """Lines of one-process runs: what memory models and times are fitted on (rank lines stand apart)."""
-    return lines[lines["world_size"] == 1]
-
-
-def sharded_families(fam_lines: pd.DataFrame, fragmentation: float) -> dict[tuple[str, int], MemoryModel]:
-    """Per-rank memory models of FSDP lines (measured ranks or fake-process-group estimates) by (precision, N)."""
-    fsdp = fam_lines[(fam_lines["strategy"] == "fsdp") & (fam_lines["world_size"] > 1)]
-    out = {}
-    for (prec, n), group in fsdp.groupby(["precision", "world_size"]):
-        model = build_model(group, fragmentation)  # the max over ranks per configuration and phase
-        if model is not None:
-            out[(str(prec), int(n))] = model
-    return out
-
-
 @dataclass
 class Family:
-    """Models for one precision of the campaign's family."""
+    """Models for one precision (and kernel target) of the campaign, from the lines the evidence rule chose."""
 
     precision: str
     memory: MemoryModel
     throughput: Throughput | None
-    lines: pd.DataFrame
+    evidence: Evidence
     note: str = ""
 
+    @property
+    def lines(self) -> pd.DataFrame:
+        return self.evidence.lines
 
-def families(fam_lines: pd.DataFrame, fragmentation: float) -> dict[str, Family]:
-    out = {}
-    for prec, group in fam_lines.groupby("precision"):
-        model = build_model(group, fragmentation)
-        if model is not None:
-            out[prec] = Family(prec, model, throughput_from_lines(group), group)
-    return out
+    @property
+    def facts(self) -> pd.DataFrame:
+        return self.evidence.facts
 
 
-def family_for(fams: dict[str, Family], precision: str) -> Family | None:
-    if precision in fams:
-        return fams[precision]
-    # bf16 and fp16 autocast keep the same tensors: their memory is interchangeable; fp32 is not.
-    twin = {"bf16": "fp16", "fp16": "bf16"}.get(precision)
-    if twin in fams:
-        f = fams[twin]
-        return Family(precision, f.memory, f.throughput, f.lines, note=f"memory and FLOPs from {twin} lines")
-    if fams:
-        other = sorted(fams)[0]
-        f = fams[other]
-        return Family(precision, f.memory, f.throughput, f.lines, note=f"no {precision} lines: used {other} lines")
-    return None
+class Families:
+    """The campaign's family, sized per (precision, target) on demand by one rule (planner/evidence.py)."""
+
+    def __init__(self, fam_lines: pd.DataFrame, campaign: Campaign, fragmentation: float):
+        self.lines, self.campaign, self.fragmentation = fam_lines, campaign, fragmentation
+        self.facts = run_facts(fam_lines)
+        self.seq, self.seq_note = campaign_seq_len(campaign, fam_lines)
+        self.micro_batch = campaign.micro_batch or campaign.effective_batch
+        self._cache: dict[tuple, Family | None] = {}
+
+    def exact(self, precision: str, target: str | None = None, world_size: int = 1) -> Family | None:
+        key = (precision, target, world_size)
+        if key not in self._cache:
+            ev = choose(self.lines, self.facts, precision, self.micro_batch, self.seq, target, world_size)
+            model = None if ev is None else build_model(ev.lines, self.fragmentation)
+            self._cache[key] = None if model is None else Family(precision, model, throughput(ev), ev)
+        return self._cache[key]
+
+    def get(self, precision: str, target: str | None = None) -> Family | None:
+        """This precision's lines; else bf16/fp16's twin (autocast keeps the same tensors); else any other
+        precision's, in a fixed order, saying so."""
+        fam = self.exact(precision, target)
+        if fam is not None:
+            return fam
+        twin = {"bf16": "fp16", "fp16": "bf16"}.get(precision)
+        others = ([twin] if twin else []) + sorted(p for p in set(self.facts["precision"]) if p not in (precision, twin))
+        for other in others:
+            f = self.exact(other, target)
+            if f is not None:
+                note = f"memory and FLOPs from {other} lines" if other == twin else \
+                    f"no {precision} lines: used {other} lines"
+                return Family(precision, f.memory, f.throughput, f.evidence, note=note)
+        return None
+
+    def sharded(self, precision: str, n: int) -> MemoryModel | None:
+        """Per-rank memory model of FSDP × n lines (measured ranks or fake-process-group estimates)."""
+        fam = self.exact(precision, None, n)
+        return None if fam is None else fam.memory
+
+    def any(self) -> bool:
+        return bool((self.facts["complete"] & (self.facts["world_size"] == 1)).any()) if len(self.facts) else False
 
 
 def campaign_seq_len(campaign: Campaign, fam_lines: pd.DataFrame) -> tuple[int, str]:
@@ -138,20 +150,18 @@ def observed_times(runs: pd.DataFrame, metrics: pd.DataFrame, campaign: Campaign
 
 
 def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: float = 0.10,
-           offers: list[Offer] | None = None, observed: dict[str, dict] | None = None) -> pd.DataFrame:
-    """The selection sheet: one row per offer, sorted fits first, then by campaign cost."""
-    all_lines = family_lines(lines, campaign)
-    fam_lines = single_process(all_lines)
-    if fam_lines.empty:
-        raise LedgerError(f"only multi-rank lines for {campaign.workload}: plans start from one process. Probe "
-                          "once without --strategy (or estimate it) too.")
-    fams = families(fam_lines, catalog.fragmentation_factor)
-    sharded = sharded_families(all_lines, catalog.fragmentation_factor)
-    if not fams:
-        failed = fam_lines[fam_lines["verdict"] != "ok"]
-        raise LedgerError(f"no successful lines to plan from ({len(failed)} failed lines). "
+           offers: list[Offer] | None = None, observed: dict[str, dict] | None = None,
+           fams: Families | None = None) -> pd.DataFrame:
+    """The selection sheet: one row per offer, sorted fits first, then by campaign cost; one row recommended."""
+    fams = fams or Families(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
+    if not fams.any():
+        single = fams.facts[fams.facts["world_size"] == 1] if len(fams.facts) else fams.facts
+        if single.empty:
+            raise LedgerError(f"only multi-rank lines for {campaign.workload}: plans start from one process. Probe "
+                              "once without --strategy (or estimate it) too.")
+        failed = fams.lines[fams.lines["verdict"] != "ok"]
+        raise LedgerError(f"no complete run to plan from ({len(failed)} failed lines). "
                           "See `rentplan ledger show --verdict oom` and probe smaller configurations.")
-    seq, seq_note = campaign_seq_len(campaign, fam_lines)
     seen = {}
     for device, times in (observed or {}).items():
         from planner.timing import match_catalog_gpu
@@ -159,26 +169,43 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
         g = match_catalog_gpu(device, catalog)
         if g is not None:
             seen[g.id] = {**times, "device": device}
-    rows = [offer_row(campaign, catalog, catalog.gpu(o.gpu), o, fams, seq, headroom, seen.get(o.gpu), sharded)
+    rows = [offer_row(campaign, catalog, catalog.gpu(o.gpu), o, fams, fams.seq, headroom, seen.get(o.gpu))
             for o in (offers or catalog.offers)]
     df = pd.DataFrame(rows)
-    df.attrs["seq_len_note"] = seq_note
+    df.attrs["seq_len_note"] = fams.seq_note
     order = {FITS: 0, TIGHT: 1, NO_FIT: 2}
     df["_o"] = df["verdict"].map(order)
-    df = df.sort_values(["_o", "campaign_cost_usd_high", "price_per_hour_usd"], na_position="last")
-    return df.drop(columns="_o").reset_index(drop=True)
+    df = df.sort_values(["_o", "campaign_cost_usd_high", "price_per_hour_usd", "offer"], na_position="last")
+    df = df.drop(columns="_o").reset_index(drop=True)
+    df["recommended"] = False
+    pick = recommended_index(df)
+    if pick is not None:
+        df.loc[pick, "recommended"] = True
+    return df
 
 
-def offer_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams: dict[str, Family], seq: int,
-              headroom: float, observed: dict | None = None, sharded: dict | None = None) -> dict:
+def recommended_index(sheet: pd.DataFrame):
+    """The cheapest offer that fits (tight only when nothing fits comfortably), among offers that idle no GPU
+    when any such offer fits: renting GPUs the plan leaves idle is never the advice while another rental fits."""
+    for verdict in (FITS, TIGHT):
+        ok = sheet[(sheet["verdict"] == verdict) & sheet["campaign_cost_usd_high"].notna()]
+        busy = ok[ok["idle_gpus"] == 0]
+        ok = busy if not busy.empty else ok
+        if not ok.empty:
+            return ok.sort_values(["campaign_cost_usd_high", "campaign_hours_high", "offer"]).index[0]
+    return None
+
+
+def offer_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams: Families, seq: int,
+              headroom: float, observed: dict | None = None) -> dict:
     precision, why = choose_precision(gpu, campaign.precision)
-    fam = family_for(fams, precision)
+    fam = fams.get(precision)
     ctx = catalog.context_bytes
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
     max_mb, mb_extrap = max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len, budget)
     max_seq, seq_extrap = max_seq_len(fam.memory, 1, budget)
     plan = choose_strategy(campaign, catalog, gpu, offer, fam, precision, seq, max_mb, headroom,
-                           (sharded or {}).get((precision, offer.gpus_per_instance * offer.nodes)))
+                           fams.sharded(precision, offer.gpus_per_instance * offer.nodes))
     need, mb, accum, replicas = plan["need"], plan["micro_batch"], plan["grad_accum"], plan["replicas"]
     notes = [n for n in (fam.note, why, *plan["notes"]) if n]
     row = {
@@ -196,6 +223,8 @@ def offer_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "precision": precision, "micro_batch": mb, "grad_accum": accum, "replicas": replicas,
         "examples_per_update": mb * accum * replicas, "eval_micro_batch": campaign.eval.micro_batch or mb,
         "seq_len": seq, "strategy": plan["label"], "strategy_why": plan["why"], "verdict": plan["verdict"],
+        "idle_gpus": offer.gpus_per_instance * offer.nodes - replicas,
+        "evidence": fam.evidence.describe(), "run_ids": ", ".join(fam.evidence.run_ids),
         "min_cuda": gpu.min_cuda, "software": gpu.software, "compute_capability": gpu.compute_capability,
         "as_of": offer.as_of, "price_source": offer.source,
         "unverified": "; ".join(list(gpu.unverified) + list(offer.unverified)),
@@ -246,7 +275,7 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
         return {**one, "kind": "single", "label": "single",
                 "why": f"single GPU: DDP × {replicas} would not be faster ({fmt_seconds(tn.high_s)} vs "
                        f"{fmt_seconds(t1.high_s)} per update, slow end, estimated: the all-reduce outweighs the split); "
-                       f"{gpus - 1} GPUs idle, so an offer with fewer GPUs is the better rental"}
+                       f"{gpus - 1} of {gpus} GPUs would idle"}
     if ddp["verdict"] != NO_FIT:  # the effective batch cannot be split: one replica
         return {**ddp, "kind": "single", "label": "single", "why": "single GPU: the effective batch does not split"}
     fsdp = fsdp_plan(campaign, fam, ctx, usable, headroom, gpus, catalog, seq, max(max_mb, 1), sharded)
@@ -269,15 +298,15 @@ def ddp_need(single: Need, grads: float, accum: int) -> Need:
     return Need(per_phase[phase], phase, basis, single.extrapolated, per_phase)
 
 
+def _reserved_factor(fam: Family, fragmentation: float) -> float:
+    """Bytes the pilot counted as allocated become reserved bytes × this (1 where reserved was measured)."""
+    return 1.0 if fam.lines["peak_reserved_bytes"].notna().all() else fragmentation
+
+
 def gradient_bytes(fam: Family, fragmentation: float) -> float:
-    ok = fam.lines[fam.lines["verdict"] == "ok"]
-    params = ok[ok["phase"] == "setup"]["param_bytes"].max()
-    count = ok[ok["phase"] == "setup"]["param_count"].max()
-    trainable = ok[ok["phase"] == "first_step"]["trainable_param_count"].max()
-    if pd.isna(params) or pd.isna(count) or not count:
-        return 0.0
-    grads = float(params) * (float(trainable) / float(count) if pd.notna(trainable) else 1.0)
-    return grads * (1.0 if ok["peak_reserved_bytes"].notna().all() else fragmentation)
+    """The gradients of the trainable parameters (the setup line's counts), as the need counts bytes."""
+    grads = fam.facts["grad_bytes"].max()
+    return 0.0 if pd.isna(grads) else float(grads) * _reserved_factor(fam, fragmentation)
 
 
 def _time(fam: Family, gpu: Gpu, precision: str, plan: dict, seq: int, catalog: Catalog, offer: Offer,
@@ -306,11 +335,9 @@ def observed_fields(campaign: Campaign, offer: Offer, obs: dict) -> dict:
 
 def model_state_bytes(fam: Family, fragmentation: float) -> float:
     """Parameters + gradients + optimizer state, from the pilot's own accounting (allocated bytes)."""
-    ok = fam.lines[fam.lines["verdict"] == "ok"]
-    params = ok[ok["phase"] == "setup"]["param_bytes"].max()
-    state = ok[ok["phase"] == "first_step"]["optimizer_state_bytes"].max()
-    factor = 1.0 if ok["peak_reserved_bytes"].notna().all() else fragmentation
-    return sum(float(x) for x in (params, state) if pd.notna(x)) * factor + gradient_bytes(fam, fragmentation)
+    params, state = (pd.to_numeric(fam.facts[c], errors="coerce").max() for c in ("param_bytes", "optimizer_state_bytes"))
+    return (sum(float(x) for x in (params, state) if pd.notna(x)) * _reserved_factor(fam, fragmentation)
+            + gradient_bytes(fam, fragmentation))
 
 
 def fsdp_plan(campaign, fam: Family, ctx: float, usable: float, headroom: float, n: int, catalog: Catalog,
@@ -359,8 +386,8 @@ def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, 
         return {**empty, "time_basis": t.basis}
     ev = campaign.eval
     eval_ratio = (ev.examples * ev.seq_len) / (3 * campaign.effective_batch * seq)  # forward only: 1/3 of training
-    lines = fam.lines
-    export = lines[(lines["phase"] == "export") & (lines["verdict"] == "ok") & (lines["mode"] == "measured")]["seconds"]
+    facts = fam.facts
+    export = pd.to_numeric(facts[facts["mode"] == "measured"]["export_s"], errors="coerce").dropna()
     export_s = float(export.max()) if len(export) else 0.0
     export_basis = f"export {export_s:.2f} s measured on {tp.device}" if len(export) else "export time not measured"
     passes = ev.passes(campaign.updates)

@@ -46,42 +46,31 @@ class Throughput:
     measured_s_per_token: float | None  # from the steady median on the pilot device
     device: str
     device_name: str
-    grad_bytes: int  # fp32 gradient bytes all-reduced per update under DDP
+    grad_bytes: int  # gradient bytes (trainable parameters, their dtype) all-reduced per update under DDP
     param_bytes: int  # parameter bytes all-gathered per pass under FSDP
     micro_batch: int
     seq_len: int
     grad_accum: int
 
 
-def throughput_from_lines(lines: pd.DataFrame, micro_batch: int | None = None, seq_len: int | None = None
-                          ) -> Throughput | None:
-    """Pick the measured configuration closest to the one planned (largest tokens per micro-batch wins ties)."""
-    ok = lines[lines["verdict"] == "ok"]
-    steady = ok[ok["phase"] == "steady"]
-    first = ok[ok["phase"] == "first_step"].set_index("run_id")
-    if steady.empty or first.empty:
+def throughput(ev) -> Throughput | None:
+    """Per-token work of the chosen run nearest the campaign's shape that has a steady line (planner/evidence)."""
+    facts = ev.facts
+    timed = facts[facts["flops_per_update"].notna() | facts["update_s"].notna()]
+    if timed.empty:
         return None
-    target = (micro_batch or 1) * (seq_len or 1)
-    steady = steady.assign(dist=(steady["micro_batch"] * steady["seq_len"] - target).abs(),
-                           tokens=steady["micro_batch"] * steady["seq_len"])
-    steady = steady[steady["run_id"].isin(first.index)]
-    if steady.empty:
-        return None
-    row = steady.sort_values(["dist", "tokens"], ascending=[True, False]).iloc[0]
-    f = first.loc[row["run_id"]]
+    row = timed.iloc[0]
     tokens = int(row["micro_batch"]) * int(row["seq_len"]) * int(row["grad_accum"])
-    flops = f["flops_per_update"]
-    ops = row["ops_per_update"]
-    per_token = None if pd.isna(row["update_s"]) or row["mode"] != "measured" else float(row["update_s"]) / tokens
-    trainable = f["trainable_param_count"] if pd.notna(f["trainable_param_count"]) else 0
-    setup = ok[(ok["phase"] == "setup") & (ok["run_id"] == row["run_id"])]["param_bytes"]
-    param_bytes = int(setup.iloc[0]) if len(setup) and pd.notna(setup.iloc[0]) else int(trainable) * 4
+    flops, ops = row["flops_per_update"], row["ops_per_update"]
+    measured = row["mode"] == "measured" and pd.notna(row["update_s"])
+    grads = 0 if pd.isna(row["grad_bytes"]) else int(row["grad_bytes"])
     return Throughput(
         flops_per_token=float(flops) / tokens if pd.notna(flops) else 0.0,
         ops_per_micro_batch=None if pd.isna(ops) else float(ops) / int(row["grad_accum"]),
-        measured_s_per_token=per_token, device=str(row["device"]), device_name=str(row["device_name"] or ""),
-        grad_bytes=int(trainable) * 4, param_bytes=param_bytes, micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
-        grad_accum=int(row["grad_accum"]))
+        measured_s_per_token=float(row["update_s"]) / tokens if measured else None,
+        device=str(row["device"]), device_name=str(row["device_name"] or ""), grad_bytes=grads,
+        param_bytes=int(row["param_bytes"]) if pd.notna(row["param_bytes"]) else grads,
+        micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]), grad_accum=int(row["grad_accum"]))
 
 
 def match_catalog_gpu(device_name: str, catalog: Catalog) -> Gpu | None:
@@ -123,7 +112,7 @@ def comm_time(tp: Throughput, strategy: str, gpu: Gpu, offer: Offer, grad_accum:
     each node's network carries 2(m-1)/m (all-reduce) or (m-1)/m of the bytes for its m nodes."""
     g, m = offer.gpus_per_instance, offer.nodes
     if strategy == "ddp":
-        volume, factor, what = tp.grad_bytes, 2.0, "all-reduce of the fp32 gradients once per update"
+        volume, factor, what = tp.grad_bytes, 2.0, "all-reduce of the gradients once per update"
     elif strategy == "fsdp":
         # forward all-gather + backward all-gather of parameters, reduce-scatter of gradients, per micro-batch
         volume, factor = grad_accum * (2 * tp.param_bytes + tp.grad_bytes), 1.0

@@ -19,9 +19,9 @@ from datetime import datetime, timezone
 from typing import Callable
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from planner.records import Line, ProbeConfig, Verdict
+from probes.census import census, census_fields
 from probes.loop import NonFinite, Trainer
 from probes.memory import LiveTensorTracker, PhaseMeter
 from probes.workloads import load_workload
@@ -131,6 +131,7 @@ class Pilot:
         self.trainer: Trainer | None = None
         self.losses: list[float] = []
         self._checkpoint: dict | None = None  # estimates: the state a checkpoint would hold
+        self.census: dict[str, dict] = {}
 
     @property
     def ckpt_path(self) -> str:
@@ -151,18 +152,15 @@ class Pilot:
         }
 
     def first_step(self) -> dict:
-        # FLOPs are counted on this first update; memory is unaffected (the counter holds no tensors).
-        with FlopCounterMode(display=False) as fc:
-            res = self.trainer.train_update()
+        res = self.trainer.train_update()
         self.losses.append(res.loss)
         opt_bytes = sum(_local_bytes(t) for s in self.trainer.optimizer.state.values()
                         for t in s.values() if isinstance(t, torch.Tensor))
         loss = None if self.fake else res.loss
-        return {"flops_per_update": float(fc.get_total_flops()), "optimizer_state_bytes": opt_bytes,
-                "loss_first": loss, "loss_last": loss}
+        return {"optimizer_state_bytes": opt_bytes, "loss_first": loss, "loss_last": loss}
 
     def steady(self) -> dict:
-        times, ops0 = [], self.tracker.ops if self.tracker else 0
+        times = []
         for _ in range(1 if self.fake else self.cfg.steady_updates):  # estimates: every update is alike
             self.meter.synchronize()
             t0 = time.perf_counter()
@@ -170,11 +168,11 @@ class Pilot:
             self.meter.synchronize()  # GPU work is asynchronous: stop the clock only when it is done
             times.append(time.perf_counter() - t0)
             self.losses.append(res.loss)
-        ops = (self.tracker.ops - ops0) // max(1, len(times)) if self.tracker else None
+        work = census_fields(self.census)  # counted in a pass of its own, before any phase ran
         if self.fake:  # nothing ran for real: no times, no losses
-            return {"ops_per_update": ops, "loss_first": None, "loss_last": None,
+            return {**work, "loss_first": None, "loss_last": None,
                     "detail": "estimated: one update under fake tensors (no time measured)"}
-        return {"update_times_s": json.dumps(times), "update_s": _median(times), "ops_per_update": ops,
+        return {**work, "update_times_s": json.dumps(times), "update_s": _median(times),
                 "loss_first": self.losses[0], "loss_last": self.losses[-1]}
 
     def eval(self) -> dict:
@@ -226,6 +224,17 @@ class Pilot:
         return {"loss_first": loss, "loss_last": loss,
                 "detail": f"resumed at update {expected}, position {self.trainer.position - self.cfg.grad_accum}"}
 
+    def count_work(self) -> dict[str, dict]:
+        """The census of one update (FLOPs, bytes, launches) per kernel target, in a fake pass of its own, run
+        between phases with every mode of this pilot set aside (the tracker must not see its fake tensors)."""
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        try:
+            with _disable_current_modes():
+                return {self.cfg.target or "device": census(self.workload, self.cfg)}
+        except Exception as e:  # noqa: BLE001  a workload the census cannot trace still gets measured
+            return {self.cfg.target or "device": {"error": last_line(e)}}
+
     # --- running ---
 
     def run(self, phases: tuple[str, ...]) -> bool:
@@ -247,6 +256,8 @@ class Pilot:
 
     def _run_phase(self, phase: str) -> bool:
         self.emit("phase", phase)
+        if phase == "steady":  # counted before the phase's meter starts: a hang here is still steady's
+            self.census = self.count_work()
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         fields: dict = dict(self.meter.start())
         t0 = time.perf_counter()

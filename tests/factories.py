@@ -31,17 +31,24 @@ def line(cfg: ProbeConfig | None = None, phase: str = "steady", **kw) -> Line:
 
 def pilot_lines(cfg: ProbeConfig, peak_bytes: dict[str, int] | int, update_s: float = 0.05,
                 flops_per_update: float = 1e12, reserved: bool = False, device: str = "cpu",
-                device_name: str = "Test CPU") -> list[Line]:
-    """All seven phases of one configuration, ok, with the given peaks."""
+                device_name: str = "Test CPU", params: int = 1_000_000, trainable: int | None = None,
+                optimizer_state_bytes: int | None = None) -> list[Line]:
+    """All seven phases of one configuration, ok, with the given peaks. Each fact sits on the phase the pilot
+    writes it on (tests/test_recommendations.py checks this against a real pilot): parameter counts on setup,
+    optimizer state on first_step, the update's time and census on steady, the export's time on export."""
     out = []
     for phase in PHASES:
         peak = peak_bytes if isinstance(peak_bytes, int) else peak_bytes.get(phase, 100 * MiB)
         kw = dict(peak_allocated_bytes=peak, device=device, device_name=device_name,
                   peak_reserved_bytes=int(peak * 1.1) if reserved else None)
-        if phase == "steady":
-            kw.update(update_s=update_s, update_times_s=json.dumps([update_s] * 3), ops_per_update=500)
+        if phase == "setup":
+            kw.update(param_count=params, trainable_param_count=params if trainable is None else trainable,
+                      param_bytes=4 * params)
         if phase == "first_step":
-            kw.update(flops_per_update=flops_per_update, trainable_param_count=1_000_000)
+            kw.update(optimizer_state_bytes=8 * params if optimizer_state_bytes is None else optimizer_state_bytes)
+        if phase == "steady":
+            kw.update(update_s=update_s, update_times_s=json.dumps([update_s] * 3), ops_per_update=500,
+                      flops_per_update=flops_per_update)
         out.append(line(cfg, phase, **kw))
     return out
 

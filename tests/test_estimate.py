@@ -38,7 +38,7 @@ def test_estimate_matches_measured_allocated_peak_per_phase(tmp_path, ref, size)
         assert m["verdict"] == e["verdict"] == "ok", (phase, e["detail"])
         assert e["mode"] == "estimated" and e["peak_reserved_bytes"] is None and e["device_used_bytes"] is None
         assert abs(e["peak_allocated_bytes"] - m["peak_allocated_bytes"]) <= 0.01 * m["peak_allocated_bytes"], phase
-    assert estimated["first_step"]["flops_per_update"] == measured["first_step"]["flops_per_update"]
+    assert estimated["steady"]["flops_per_update"] == measured["steady"]["flops_per_update"]
 
 
 def test_memory_model_predicts_held_out_measured_configs_within_3_percent(tmp_path):

@@ -121,10 +121,7 @@ def test_fsdp_is_chosen_when_model_states_do_not_fit_one_gpu(tmp_path):
     lines = []
     for mb, seq in [(1, 128), (2, 128), (1, 256), (4, 256)]:
         cfg = config(micro_batch=mb, seq_len=seq, eval_seq_len=seq, eval_micro_batch=mb)
-        for ln in pilot_lines(cfg, 70 * GiB + mb * seq * 1000):
-            extra = {"setup": {"param_bytes": 14 * GiB, "param_count": 14 * GiB // 4},
-                     "first_step": {"optimizer_state_bytes": 28 * GiB, "trainable_param_count": 14 * GiB // 4}}
-            lines.append(ln.__class__(**{**ln.to_dict(), **extra.get(ln.phase, {})}))
+        lines += pilot_lines(cfg, 70 * GiB + mb * seq * 1000, params=14 * GiB // 4, optimizer_state_bytes=28 * GiB)
     ledger = write_ledger(tmp_path / "l.db", lines)
     camp = load_campaign_text(campaign_yaml(), "t")
     sheet = make_plan(camp, read_lines(ledger), load_catalog(), 0.10).sheet

@@ -52,7 +52,7 @@ def test_cpu_lines_have_no_reserved_and_all_phases_ok(tmp_path):
         assert line["mode"] == "measured" and line["device"] == "cpu" and line["torch_version"]
     times = json.loads(lines["steady"]["update_times_s"])
     assert len(times) == 3 and lines["steady"]["update_s"] == sorted(times)[1]
-    assert lines["first_step"]["flops_per_update"] > 0
+    assert lines["steady"]["flops_per_update"] > 0 and lines["steady"]["ops_per_update"] > 0  # the census pass
 
 
 def peak(tmp_path, phase="first_step", **kw):

@@ -149,3 +149,52 @@ def rank_fails(rank: int = 1, how: str = "raise", **kw):
 
     w.make_batch = make_batch
     return w
+
+
+class ConvAudio:
+    """A 1-D conv audio classifier (raw samples in, one of 8 classes out) with optional checkpointed blocks:
+    the shape of model where counting FLOPs beside the memory tracker once kept recomputed tensors alive."""
+
+    def __init__(self, channels: int = 32, blocks: int = 6, classes: int = 8):
+        self.name = f"conv-audio-{channels}c-{blocks}b"
+        self.channels, self.blocks, self.classes = channels, blocks, classes
+
+    def build_model(self):
+        import torch.nn as nn
+        from torch.utils.checkpoint import checkpoint
+
+        c, n_blocks, n_out = self.channels, self.blocks, self.classes
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inp = nn.Conv1d(1, c, 9, padding=4)
+                self.blocks = nn.ModuleList(nn.Sequential(nn.Conv1d(c, c, 9, padding=4), nn.GELU(),
+                                                          nn.Conv1d(c, c, 9, padding=4)) for _ in range(n_blocks))
+                self.out = nn.Linear(c, n_out)
+                self.ckpt = False
+
+            def gradient_checkpointing_enable(self):
+                self.ckpt = True
+
+            def forward(self, x):
+                x = self.inp(x)
+                for b in self.blocks:
+                    x = x + (checkpoint(b, x, use_reentrant=False) if self.ckpt and self.training else b(x))
+                return self.out(x.mean(-1))
+
+        return Net()
+
+    def make_batch(self, split, index, micro_batch, seq_len):
+        import zlib
+
+        g = torch.Generator().manual_seed(zlib.crc32(f"{split}:{index}".encode()))
+        return {"x": torch.randn(micro_batch, 1, seq_len, generator=g),
+                "y": torch.randint(0, self.classes, (micro_batch,), generator=g)}
+
+    def compute_loss(self, model, batch):
+        return torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+
+
+def conv_audio(channels: int = 32, blocks: int = 6, classes: int = 8):
+    return ConvAudio(channels, blocks, classes)
