@@ -59,8 +59,11 @@ class Trainer:
         self.fake = fake  # under FakeTensorMode: no values exist, so nothing is read back (.item())
         if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise RuntimeError("bf16 is not supported on this GPU (needs sm_80+); use fp16 or fp32")
-        with torch.device(device):
-            self.model = workload.build_model()
+        if fake:
+            self.model = build_without_weights(workload)
+        else:
+            with torch.device(device):
+                self.model = workload.build_model()
         tensors = list(self.model.parameters()) + list(self.model.buffers())
         if any(t.device != device for t in tensors):  # a workload that ignored the device context
             self.model.to(device)
@@ -309,6 +312,49 @@ class Trainer:
                 raise ResumeError("checkpoint is inside an accumulation window but holds no partial gradients")
             for p, g in zip(self.model.parameters(), grads):
                 p.grad = None if g is None else g.to(self.device)
+
+
+@contextlib.contextmanager
+def _parameters_on_meta():
+    """Every parameter a module registers is moved to the meta device at once (only its shape is kept), as
+    accelerate's init_empty_weights does; buffers and every other tensor stay real CPU tensors."""
+    register = torch.nn.Module.register_parameter
+
+    def register_on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            p = module._parameters[name]
+            module._parameters[name] = type(p)(p.to("meta"), **{**p.__dict__, "requires_grad": p.requires_grad})
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def build_without_weights(workload) -> torch.nn.Module:
+    """Estimates: build the model's structure for real, with every mode of the pilot set aside, so that
+    construction code may read tensor values (timm's drop-path rates via .item(), tolist(), branches on
+    values); parameters never take memory (meta). Then parameters and buffers become fresh tensors under
+    the active modes (fake tensors, counted by the tracker as setup's allocations). Tied parameters stay
+    tied: one new tensor per distinct parameter."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch.device("cpu"), _parameters_on_meta():
+        model = workload.build_model()
+    made: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is None:
+                    continue
+                if id(t) not in made:
+                    new = torch.empty_like(t, device="cpu")
+                    made[id(t)] = (torch.nn.Parameter(new, requires_grad=t.requires_grad)
+                                   if isinstance(t, torch.nn.Parameter) else new)
+                table[name] = made[id(t)]
+    return model
 
 
 def wrap_for_strategy(model: torch.nn.Module, strategy: str, device: torch.device) -> torch.nn.Module:
