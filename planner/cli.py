@@ -76,13 +76,16 @@ def lines_view(df: pd.DataFrame, fmt: str) -> pd.DataFrame:
         "run": df["run_id"],
         "config": [f"mb{r.micro_batch}×{r.seq_len} acc{r.grad_accum} {r.precision} {r.optimizer}"
                    f"{' ckpt' if r.checkpointing else ''}{' cap=' + r.cap if r.cap else ''}"
+                   f"{' @' + r.target if getattr(r, 'target', None) else ''}"
                    f"{f' {r.strategy}×{r.world_size} r{r.rank}' if r.world_size > 1 else ''}" for r in df.itertuples()],
         "phase": df["phase"],
         "verdict": df["verdict"],
         "mode": df["mode"],
         "device": df["device"],
         "alloc peak": df["peak_allocated_bytes"].map(fmt_bytes),
-        "reserved peak": df["peak_reserved_bytes"].map(fmt_bytes),
+        "reserved peak": [fmt_bytes(r) if pd.notna(r) else (f"{fmt_bytes(sim)} sim" if pd.notna(sim) else "")
+                          for r, sim in zip(df["peak_reserved_bytes"],
+                                            df.get("simulated_reserved_bytes", pd.Series(None, index=df.index)))],
         "device-level": df["device_used_bytes"].map(fmt_bytes),
         "time": df["seconds"].where(df["mode"] == "measured").map(fmt_seconds),  # estimates time nothing
         "per update": df["update_s"].map(fmt_seconds),
@@ -217,25 +220,53 @@ def probe(ledger_path, timeout_s, retry_failed, find, fmt, **opts):
         raise KeyboardInterrupt
 
 
+def resolve_targets(text: str, catalog_path: str | None) -> list[str]:
+    """--target: kernel targets (sm80+, sm50-75, cpu), catalog GPU ids (their target), or all (every target the
+    catalog's GPUs need)."""
+    from planner.kernels import TARGETS, kernel_target
+
+    out = []
+    for item in parse_list(text, str, "--target"):
+        if item in TARGETS:
+            out.append(item)
+            continue
+        from planner.catalog import load_catalog
+
+        catalog = load_catalog(catalog_path)
+        if item == "all":
+            out += sorted({kernel_target(g.compute_capability, g.software) for g in catalog.gpus.values()})
+        else:
+            g = catalog.gpu(item)
+            out.append(kernel_target(g.compute_capability, g.software))
+    return list(dict.fromkeys(out))
+
+
 @cli.command()
 @grid_options
 @ledger_option
+@click.option("--target", "target", default="all", show_default=True,
+              help="kernels to estimate with: GPU ids or sm80+ / sm50-75 (CUDA), cpu (this build), all (the catalog's)")
 @click.option("--timeout", "timeout_s", default=900.0, show_default=True)
 @format_option
 @friendly_errors
-def estimate(ledger_path, timeout_s, fmt, **opts):
-    """Size configurations too big for this machine: the same phases under fake tensors (no memory touched).
-    Lines are mode=estimated; CPU kernels are used (CUDA-only kernels such as flash attention may need less).
-    --strategy fsdp --nproc N: rank 0 of N, sharded, on a fake process group (no N devices needed)."""
+def estimate(ledger_path, target, timeout_s, fmt, **opts):
+    """Size configurations too big for this machine: the same phases under fake tensors (no memory touched),
+    with the kernels each target GPU runs (flash / memory-efficient attention, fused dropout, CUDA's autocast
+    policy) and a model of CUDA's caching allocator for the reserved peak. Lines are mode=estimated.
+    --strategy fsdp --nproc N: rank 0 of N, sharded, on a fake process group (no N devices needed).
+
+    Example: rentplan estimate -p layers=24 -p d_model=2048 --seq-len 2048 --precision bf16 --target a100_80gb"""
     opts["device"] = "cpu"
     spec = spec_from_options(opts)
     spec.mode = "estimated"
+    spec.targets = resolve_targets(target, opts.get("catalog_path"))
     result = run_probe(spec, ledger_path, timeout_s, False)
     df = read_lines(ledger_path)
     df = df[df["config_key"].isin({c.key() for c in build_grid(spec)})]
     click.echo(render(lines_view(df, fmt), fmt))
     if fmt in ("table", "markdown"):
-        click.echo("estimated: allocated bytes under FakeTensorMode with CPU kernels; no reserved pool, no times.")
+        click.echo("estimated: allocated bytes under FakeTensorMode with each target's kernels; reserved simulated "
+                   "by a model of CUDA's caching allocator; no times (the planner times from the op census).")
         if spec.nproc > 1:
             click.echo(f"per rank: rank 0 of {spec.nproc} on a fake process group (collectives move nothing, so "
                        "staging buffers a backend may add, and DCP read buffers at resume, are not in the figures).")

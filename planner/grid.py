@@ -10,6 +10,7 @@ from typing import Any, Callable
 import yaml
 
 from planner.errors import InputError
+from planner.kernels import TARGETS
 from planner.records import OPTIMIZERS, PRECISIONS, ProbeConfig
 from planner.yamlsafe import Problems, load_yaml_file
 
@@ -83,6 +84,7 @@ class GridSpec:
     mode: str = "measured"
     strategy: str = "single"
     nproc: int = 1
+    targets: list[str] | None = None  # estimates: kernel targets (planner/kernels.py); None: the CPU's kernels
 
 
 def build_grid(spec: GridSpec) -> list[ProbeConfig]:
@@ -108,9 +110,17 @@ def build_grid(spec: GridSpec) -> list[ProbeConfig]:
                          "--strategy) plus one gradient-sized bucket set; estimate --strategy fsdp --nproc N shards.")
     if spec.effective_batch and spec.grad_accum:
         raise InputError("give --effective-batch or --grad-accum, not both (one determines the other).")
+    targets = spec.targets or [""]
+    for t in targets:
+        if t and t not in TARGETS:
+            raise InputError(f"kernel target {t!r} is not one of {', '.join(TARGETS)}.")
+    if spec.mode != "estimated" and targets != [""]:
+        raise InputError("--target is for estimates: a probe runs the kernels of the device it runs on.")
     configs = []
-    for mb, seq, prec, ckpt, opt in itertools.product(micro, seqs, precisions, spec.checkpointing or [False],
-                                                      optimizers):
+    for mb, seq, prec, ckpt, opt, target in itertools.product(micro, seqs, precisions, spec.checkpointing or [False],
+                                                              optimizers, targets):
+        if target == "sm50-75" and prec == "bf16":
+            prec = "fp16"  # no bf16 before sm80: these GPUs run fp16 with a scaler (as the planner plans them)
         if spec.effective_batch:
             per_step = mb * spec.nproc  # data replicas multiply the examples per update
             if spec.effective_batch % per_step:
@@ -128,8 +138,8 @@ def build_grid(spec: GridSpec) -> list[ProbeConfig]:
                     micro_batch=mb, seq_len=seq, eval_seq_len=eval_seq, eval_micro_batch=spec.eval_micro_batch or mb,
                     grad_accum=acc, precision=prec, checkpointing=ckpt, optimizer=opt, lr=spec.lr,
                     steady_updates=spec.steady_updates, cap=spec.cap, cap_bytes=spec.cap_bytes, device=spec.device,
-                    mode=spec.mode, strategy=spec.strategy, world_size=spec.nproc))
-    return configs
+                    mode=spec.mode, strategy=spec.strategy, world_size=spec.nproc, target=target))
+    return list(dict.fromkeys(configs))
 
 
 def load_grid_file(path: str) -> dict[str, Any]:

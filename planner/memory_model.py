@@ -146,11 +146,22 @@ class MemoryModel:
         return Need(per_phase[phase], phase, f"{self.basis}; {how}", extrapolated and not exact, per_phase)
 
 
+def _column(df: pd.DataFrame, name: str) -> pd.Series:
+    return df[name].astype(float) if name in df else pd.Series(float("nan"), index=df.index)
+
+
 def phase_bytes(df: pd.DataFrame, fragmentation: float) -> pd.Series:
-    """Reserved where the device has it, else allocated × fragmentation factor."""
-    alloc = df["peak_allocated_bytes"].astype(float) * fragmentation
-    reserved = df["peak_reserved_bytes"].astype(float)
-    return reserved.where(reserved.notna(), alloc)
+    """Reserved where a CUDA device measured it; else the reserved peak simulated by the model of CUDA's caching
+    allocator (planner/allocator.py) from the run's own allocations; else, for lines written before that model
+    existed, allocated × a flat fragmentation factor (the basis then says so)."""
+    reserved, simulated = _column(df, "peak_reserved_bytes"), _column(df, "simulated_reserved_bytes")
+    flat = df["peak_allocated_bytes"].astype(float) * fragmentation
+    return reserved.where(reserved.notna(), simulated.where(simulated.notna(), flat))
+
+
+def has_reserved(df: pd.DataFrame) -> pd.Series:
+    """Lines whose need rests on a reserved figure (measured or simulated), not on the flat factor."""
+    return _column(df, "peak_reserved_bytes").notna() | _column(df, "simulated_reserved_bytes").notna()
 
 
 def build_model(lines: pd.DataFrame, fragmentation: float) -> MemoryModel | None:
@@ -166,10 +177,11 @@ def build_model(lines: pd.DataFrame, fragmentation: float) -> MemoryModel | None
         if rows.empty:
             continue
         mb_col, seq_col = ("eval_micro_batch", "eval_seq_len") if phase in EVAL_PHASES else ("micro_batch", "seq_len")
+        reserved = has_reserved(rows)
         points = [Point(int(r[mb_col]), int(r[seq_col]), float(r["need_bytes"]),
                         None if pd.isna(r["baseline_allocated_bytes"]) else
-                        float(r["baseline_allocated_bytes"]) * (1 if pd.notna(r["peak_reserved_bytes"]) else fragmentation))
-                  for _, r in rows.iterrows()]
+                        float(r["baseline_allocated_bytes"]) * (1 if reserved[i] else fragmentation))
+                  for i, r in rows.iterrows()]
         fits[phase] = fit_phase(phase, points)
         for _, r in rows.iterrows():
             key = (int(r["micro_batch"]), int(r["seq_len"]), int(r["eval_micro_batch"]), int(r["eval_seq_len"]))
@@ -177,14 +189,24 @@ def build_model(lines: pd.DataFrame, fragmentation: float) -> MemoryModel | None
     devices = sorted(set(ok["device"]))
     names = sorted(set(ok["device_name"].fillna("")))
     modes = sorted(set(ok["mode"]))
+    targets = sorted({t for t in _text(ok, "target") if t})
+    where = (f"fake tensors with {', '.join(targets) or 'CPU'} kernels" if modes == ["estimated"]
+             else ", ".join(names) or ", ".join(devices))
     if ok["peak_reserved_bytes"].notna().all():
         basis = f"reserved peak, {'/'.join(modes)} on {', '.join(names) or ', '.join(devices)}"
+    elif has_reserved(ok).all():
+        basis = (f"reserved peak simulated by a model of CUDA's caching allocator (planner/allocator.py) replaying "
+                 f"the allocations, {'/'.join(modes)} on {where}")
     else:
-        where = "CPU kernels, fake tensors" if modes == ["estimated"] else ", ".join(devices)
-        basis = f"allocated peak × {fragmentation:g} (no reserved counter), {'/'.join(modes)} on {where}"
+        basis = (f"allocated peak × {fragmentation:g} (flat factor: these lines carry no reserved figure and no "
+                 f"allocator simulation), {'/'.join(modes)} on {where}")
     # Only complete configurations count as exact measurements.
     exact = {k: v for k, v in exact.items() if set(v) >= set(fits)}
     return MemoryModel(fits, basis, exact)
+
+
+def _text(df: pd.DataFrame, name: str) -> list[str]:
+    return [str(x) for x in df[name].fillna("")] if name in df else []
 
 
 def max_micro_batch(model: MemoryModel, seq_len: int, eval_micro_batch: int | None, eval_seq_len: int,

@@ -16,7 +16,10 @@ from planner.campaign import Campaign
 from planner.catalog import Catalog, Gpu, Offer
 from planner.errors import LedgerError, NoFeasibleGpu
 from planner.evidence import Evidence, choose, run_facts
-from planner.memory_model import MemoryModel, Need, build_model, max_micro_batch, max_seq_len
+from planner.kernels import kernel_target
+from planner.memory_model import MemoryModel, Need, build_model, has_reserved, max_micro_batch, max_seq_len
+from planner.overheads import NCCL_BYTES, workspace_bytes
+from planner.overheads import describe as describe_workspace
 from planner.timing import Throughput, TimeRange, throughput, update_time
 from planner.units import fmt_bytes, fmt_seconds
 
@@ -199,14 +202,15 @@ def recommended_index(sheet: pd.DataFrame):
 def offer_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams: Families, seq: int,
               headroom: float, observed: dict | None = None) -> dict:
     precision, why = choose_precision(gpu, campaign.precision)
-    fam = fams.get(precision)
-    ctx = catalog.context_bytes
+    fam = fams.get(precision, kernel_target(gpu.compute_capability, gpu.software))
+    ctx = catalog.context_bytes + outside_bytes(fam, gpu)
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
     max_mb, mb_extrap = max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len, budget)
     max_seq, seq_extrap = max_seq_len(fam.memory, 1, budget)
     plan = choose_strategy(campaign, catalog, gpu, offer, fam, precision, seq, max_mb, headroom,
                            fams.sharded(precision, offer.gpus_per_instance * offer.nodes))
     need, mb, accum, replicas = plan["need"], plan["micro_batch"], plan["grad_accum"], plan["replicas"]
+    ctx = plan["context"]
     notes = [n for n in (fam.note, why, *plan["notes"]) if n]
     row = {
         "offer": offer.id, "gpu": gpu.id, "provider": offer.provider, "instance": offer.instance,
@@ -217,6 +221,7 @@ def offer_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "billing_minimum_hours": offer.billing_minimum_hours,
         "usable_bytes": gpu.usable_bytes, "need_bytes": int(need.bytes), "need_phase": need.phase,
         "need_basis": need.basis, "need_extrapolated": need.extrapolated, "context_bytes": ctx,
+        "context_basis": context_basis(catalog, fam, gpu, replicas),
         "headroom_pct": round(100 * (gpu.usable_bytes - need.bytes - ctx) / gpu.usable_bytes, 1),
         "max_micro_batch": max_mb, "max_micro_batch_extrapolated": mb_extrap,
         "max_seq_len_at_mb1": max_seq, "max_seq_len_extrapolated": seq_extrap,
@@ -241,7 +246,7 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
     """Single GPU, DDP or FSDP on this offer, and why. One GPU per instance: single. Several: DDP when a replica
     fits one GPU and the replicas make the update faster than one GPU does (all-reduce included); FSDP when
     model states and an example do not fit one GPU."""
-    ctx, usable = catalog.context_bytes, gpu.usable_bytes
+    one_ctx, usable = catalog.context_bytes + outside_bytes(fam, gpu), gpu.usable_bytes
     gpus = offer.gpus_per_instance * offer.nodes
     eval_mb_fixed, eval_seq = campaign.eval.micro_batch, campaign.eval.seq_len
 
@@ -249,9 +254,10 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
         mb = largest_micro_batch(campaign.effective_batch, replicas, max(max_mb, 1)) or 1
         accum = campaign.effective_batch // (mb * replicas)
         need = fam.memory.need(mb, seq, eval_mb_fixed or mb, eval_seq)
+        ctx = one_ctx + (NCCL_BYTES if replicas > 1 else 0)
         if replicas > 1:
             need = ddp_need(need, gradient_bytes(fam, catalog.fragmentation_factor), accum)
-        return {"replicas": replicas, "micro_batch": mb, "grad_accum": accum,
+        return {"replicas": replicas, "micro_batch": mb, "grad_accum": accum, "context": ctx,
                 "need": need, "verdict": fit_verdict(need.bytes, ctx, usable, headroom), "notes": []}
 
     one = plan_for(1)
@@ -278,7 +284,8 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
                        f"{gpus - 1} of {gpus} GPUs would idle"}
     if ddp["verdict"] != NO_FIT:  # the effective batch cannot be split: one replica
         return {**ddp, "kind": "single", "label": "single", "why": "single GPU: the effective batch does not split"}
-    fsdp = fsdp_plan(campaign, fam, ctx, usable, headroom, gpus, catalog, seq, max(max_mb, 1), sharded)
+    fsdp = fsdp_plan(campaign, fam, one_ctx + NCCL_BYTES, usable, headroom, gpus, catalog, seq, max(max_mb, 1),
+                     sharded)
     if fsdp is not None:
         return fsdp
     notes = ["model states and one example do not fit one GPU, nor sharded over this offer's GPUs: needs more "
@@ -300,7 +307,25 @@ def ddp_need(single: Need, grads: float, accum: int) -> Need:
 
 def _reserved_factor(fam: Family, fragmentation: float) -> float:
     """Bytes the pilot counted as allocated become reserved bytes × this (1 where reserved was measured)."""
-    return 1.0 if fam.lines["peak_reserved_bytes"].notna().all() else fragmentation
+    return 1.0 if has_reserved(fam.lines).all() else fragmentation
+
+
+def measured_on_cuda(fam: Family) -> bool:
+    return bool(fam.lines["peak_reserved_bytes"].notna().all())
+
+
+def outside_bytes(fam: Family, gpu: Gpu) -> int:
+    """What the traced tensors leave out (planner/overheads.py): BLAS workspaces, already in a CUDA line's peak."""
+    return 0 if measured_on_cuda(fam) else workspace_bytes(gpu.compute_capability, gpu.software, gpu.arch)
+
+
+def context_basis(catalog: Catalog, fam: Family, gpu: Gpu, replicas: int) -> str:
+    parts = [f"CUDA context {fmt_bytes(catalog.context_bytes)} (catalog default)"]
+    if not measured_on_cuda(fam):
+        parts.append(describe_workspace(gpu.compute_capability, gpu.software, gpu.arch))
+    if replicas > 1:
+        parts.append(f"NCCL buffers {fmt_bytes(NCCL_BYTES)} (NVIDIA/nccl#864, high end)")
+    return " + ".join(parts)
 
 
 def gradient_bytes(fam: Family, fragmentation: float) -> float:
@@ -366,6 +391,7 @@ def fsdp_plan(campaign, fam: Family, ctx: float, usable: float, headroom: float,
             continue
         need.basis = basis
         return {"need": need, "verdict": verdict, "micro_batch": mb, "grad_accum": share // mb, "replicas": n,
+                "context": ctx,
                 "kind": "fsdp", "label": f"fsdp × {n}", "notes": [],
                 "why": f"FSDP × {n}: model states ({states / 2**30:.2f} GiB) and an example do not fit one GPU "
                        f"of {usable / 2**30:.0f} GiB; sharded over {n} GPUs they do"}

@@ -28,9 +28,9 @@ def _generator(split: str, index: int, salt: int = 0) -> torch.Generator:
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, heads: int, ffn: int, causal: bool):
+    def __init__(self, d_model: int, heads: int, ffn: int, causal: bool, dropout: float = 0.0):
         super().__init__()
-        self.heads, self.causal = heads, causal
+        self.heads, self.causal, self.dropout = heads, causal, dropout
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -42,22 +42,25 @@ class Block(nn.Module):
         b, s, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=self.causal and attn_mask is None)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
-        return x + self.down(F.gelu(self.up(self.ln2(x))))
+        p = self.dropout if self.training else 0.0  # GPT-2 style: attention and residual dropout
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p,
+                                           is_causal=self.causal and attn_mask is None)
+        x = x + F.dropout(self.proj(a.transpose(1, 2).reshape(b, s, d)), p, self.training)
+        return x + F.dropout(self.down(F.gelu(self.up(self.ln2(x)))), p, self.training)
 
 
 class Transformer(nn.Module):
     """Token + position embeddings, `layers` blocks, a final norm and an output head."""
 
     def __init__(self, layers: int, d_model: int, heads: int, ffn: int, vocab: int, max_len: int,
-                 n_out: int, causal: bool):
+                 n_out: int, causal: bool, dropout: float = 0.0):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(max_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, heads, ffn, causal) for _ in range(layers))
+        self.dropout = dropout
+        self.blocks = nn.ModuleList(Block(d_model, heads, ffn, causal, dropout) for _ in range(layers))
         self.ln = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_out, bias=False)
         self.checkpointing = False
@@ -68,7 +71,7 @@ class Transformer(nn.Module):
 
     def hidden(self, ids: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], device=ids.device)
-        x = self.tok(ids) + self.pos(pos)
+        x = F.dropout(self.tok(ids) + self.pos(pos), self.dropout, self.training)
         for block in self.blocks:
             if self.checkpointing and self.training:
                 x = checkpoint(block, x, attn_mask, use_reentrant=False)
@@ -98,6 +101,7 @@ class GPT:
     vocab: int = 512
     max_len: int = 4096
     prompt_fraction: float = 0.5
+    dropout: float = 0.0  # attention, residual and embedding dropout (GPT-2 uses 0.1)
     name: str = field(init=False, default="gpt")
     masks_prompt: bool = field(init=False, default=True)
 
@@ -107,7 +111,7 @@ class GPT:
 
     def build_model(self) -> nn.Module:
         return Transformer(self.layers, self.d_model, self.heads, self.ffn, self.vocab, self.max_len,
-                           n_out=self.vocab, causal=True)
+                           n_out=self.vocab, causal=True, dropout=self.dropout)
 
     def make_batch(self, split: str, index: int, micro_batch: int, seq_len: int) -> dict[str, torch.Tensor]:
         if seq_len < 4:
@@ -159,6 +163,7 @@ class Classifier:
     vocab: int = 512
     max_len: int = 4096
     classes: str = "negative,neutral,positive"
+    dropout: float = 0.0
     name: str = field(init=False, default="classifier")
 
     def __post_init__(self):
@@ -168,7 +173,7 @@ class Classifier:
 
     def build_model(self) -> nn.Module:
         return Transformer(self.layers, self.d_model, self.heads, self.ffn, self.vocab, self.max_len,
-                           n_out=len(self.class_names), causal=False)
+                           n_out=len(self.class_names), causal=False, dropout=self.dropout)
 
     def make_batch(self, split: str, index: int, micro_batch: int, seq_len: int) -> dict[str, torch.Tensor]:
         g = _generator(split, index)

@@ -20,9 +20,12 @@ from torch.utils._pytree import tree_flatten
 class LiveTensorTracker(TorchDispatchMode):
     """Counts live tensor-storage bytes exactly; raises torch.OutOfMemoryError past `cap_bytes`."""
 
-    def __init__(self, cap_bytes: int | None = None, track_resizes: bool = False):
+    def __init__(self, cap_bytes: int | None = None, track_resizes: bool = False, allocator=None):
         super().__init__()
         self.cap_bytes = cap_bytes
+        # A model of CUDA's caching allocator (planner/allocator.py) fed every storage as it comes and goes:
+        # the reserved bytes a CUDA GPU would hold for the same allocations. It holds no tensor, only sizes.
+        self.allocator = allocator
         self.live = 0
         self.peak = 0
         self.ops = 0
@@ -64,6 +67,8 @@ class LiveTensorTracker(TorchDispatchMode):
         n = st.nbytes()
         self._sizes[key] = n
         self.live += n
+        if self.allocator is not None:
+            self.allocator.malloc(key, n)
         weakref.finalize(st, self._release, key)
         if self.track_resizes:
             self._refs[key] = weakref.ref(st)
@@ -71,6 +76,8 @@ class LiveTensorTracker(TorchDispatchMode):
     def _release(self, key: int) -> None:
         self.live -= self._sizes.pop(key, 0)
         self._refs.pop(key, None)
+        if self.allocator is not None:
+            self.allocator.free(key)
 
     def refresh(self) -> None:
         """Account for storages resized in place since they were first seen."""
@@ -82,6 +89,9 @@ class LiveTensorTracker(TorchDispatchMode):
             if n != self._sizes.get(key, n):
                 self.live += n - self._sizes[key]
                 self._sizes[key] = n
+                if self.allocator is not None:  # a CUDA storage resized in place is freed and allocated anew
+                    self.allocator.free(key)
+                    self.allocator.malloc(key, n)
 
     def reset_peak(self) -> None:
         if self.track_resizes:
@@ -134,6 +144,8 @@ class PhaseMeter:
         reset_vm_hwm()
         if self.tracker is not None:
             self.tracker.reset_peak()
+            if self.tracker.allocator is not None:
+                self.tracker.allocator.reset_peak()
             return {"baseline_allocated_bytes": self.tracker.live}
         return {}
 
@@ -153,6 +165,8 @@ class PhaseMeter:
         out = {"peak_reserved_bytes": None, "device_used_bytes": None if self.fake else (read_vm_hwm() or _rss())}
         if self.tracker is not None:
             out["peak_allocated_bytes"] = self.tracker.peak
+            if self.tracker.allocator is not None:
+                out["simulated_reserved_bytes"] = self.tracker.allocator.peak_reserved
         return out
 
 

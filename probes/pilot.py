@@ -21,7 +21,9 @@ from typing import Callable
 import torch
 
 from planner.records import Line, ProbeConfig, Verdict
+from planner.kernels import TARGETS, kernel_target
 from probes.census import census, census_fields
+from probes.kernels import target_kernels
 from probes.loop import NonFinite, Trainer
 from probes.memory import LiveTensorTracker, PhaseMeter
 from probes.workloads import load_workload
@@ -29,6 +31,17 @@ from probes.workloads import load_workload
 Emit = Callable[[str, object], None]
 TRAIN_WORKER_PHASES = ("setup", "first_step", "steady", "eval", "save", "export")
 RESUME_WORKER_PHASES = ("resume",)
+
+
+def cuda_allocator_model():
+    """The CUDA caching allocator model, configured as PYTORCH_CUDA_ALLOC_CONF asks (None: an option the model
+    does not follow; the line then has no simulated reserved figure)."""
+    from planner.allocator import AllocatorConfig, CachingAllocator
+
+    try:
+        return CachingAllocator(AllocatorConfig.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF")))
+    except ValueError:
+        return None
 
 
 def auto_device() -> str:
@@ -122,7 +135,8 @@ class Pilot:
             self.env["device_name"] += " (FakeTensorMode: CPU kernels, no memory touched" + (
                 f"; rank 0 of {cfg.world_size} on a fake process group)" if cfg.world_size > 1 else ")")
         emit("env", self.env)
-        self.tracker = (LiveTensorTracker(cfg.cap_bytes, track_resizes=cfg.strategy == "fsdp")
+        self.tracker = (LiveTensorTracker(cfg.cap_bytes, track_resizes=cfg.strategy == "fsdp",
+                                          allocator=cuda_allocator_model())
                         if self.device.type == "cpu" else None)
         if self.device.type == "cuda" and cfg.cap_bytes:
             torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.cap_bytes / self.env["device_total_bytes"]),
@@ -132,6 +146,7 @@ class Pilot:
         self.losses: list[float] = []
         self._checkpoint: dict | None = None  # estimates: the state a checkpoint would hold
         self.census: dict[str, dict] = {}
+        self.kernels = None  # estimates for a GPU target: the mode routing its kernels
 
     @property
     def ckpt_path(self) -> str:
@@ -171,7 +186,7 @@ class Pilot:
         work = census_fields(self.census)  # counted in a pass of its own, before any phase ran
         if self.fake:  # nothing ran for real: no times, no losses
             return {**work, "loss_first": None, "loss_last": None,
-                    "detail": "estimated: one update under fake tensors (no time measured)"}
+                    "detail": f"estimated: one update under fake tensors with {self.kernel_note()} (no time measured)"}
         return {**work, "update_times_s": json.dumps(times), "update_s": _median(times),
                 "loss_first": self.losses[0], "loss_last": self.losses[-1]}
 
@@ -224,16 +239,36 @@ class Pilot:
         return {"loss_first": loss, "loss_last": loss,
                 "detail": f"resumed at update {expected}, position {self.trainer.position - self.cfg.grad_accum}"}
 
+    def kernel_note(self) -> str:
+        if self.kernels is None:
+            return "the CPU build's kernels"
+        ran = ", ".join(f"{k} ×{n}" for k, n in sorted(self.kernels.backends.items())) or "none"
+        return f"{self.cfg.target} kernels (attention: {ran}; fused dropout; CUDA autocast policy)"
+
     def count_work(self) -> dict[str, dict]:
         """The census of one update (FLOPs, bytes, launches) per kernel target, in a fake pass of its own, run
         between phases with every mode of this pilot set aside (the tracker must not see its fake tensors)."""
         from torch.utils._python_dispatch import _disable_current_modes
 
-        try:
-            with _disable_current_modes():
-                return {self.cfg.target or "device": census(self.workload, self.cfg)}
-        except Exception as e:  # noqa: BLE001  a workload the census cannot trace still gets measured
-            return {self.cfg.target or "device": {"error": last_line(e)}}
+        out = {}
+        for target in self.census_targets():
+            # An estimate's kernels are already in place; a measured run's census emulates each GPU target.
+            kernels = contextlib.nullcontext if self.fake else (lambda t=target: target_kernels(t))
+            try:
+                with _disable_current_modes():
+                    out[target] = census(self.workload, self.cfg, kernels)
+            except Exception as e:  # noqa: BLE001  a workload the census cannot trace still gets measured
+                out[target] = {"error": last_line(e)}
+        return out
+
+    def census_targets(self) -> list[str]:
+        """Estimates: their own target. On a CUDA GPU: its kernels. On a CPU: every GPU target."""
+        if self.fake:
+            return [self.cfg.target or "cpu"]
+        if self.device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(self.device)
+            return [kernel_target(f"{major}.{minor}")]
+        return [t for t in TARGETS if t != "cpu"]
 
     # --- running ---
 
@@ -245,7 +280,9 @@ class Pilot:
 
             fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         # The tracker is entered last, so it sees every op first and counts the (fake) storages made below it.
-        with fake_mode:
+        # Estimates for a GPU target run that GPU's attention, dropout and autocast (probes/kernels.py).
+        with target_kernels(self.cfg.target if self.fake else None) as kernels, fake_mode:
+            self.kernels = kernels
             if self.fake and "resume" in phases:
                 self.prepare_estimated_checkpoint()
             with self.tracker if self.tracker is not None else contextlib.nullcontext():

@@ -1,0 +1,38 @@
+"""GPU memory a pilot on a CPU (or an estimate) never sees: library workspaces and communication buffers.
+
+The CUDA context is the catalog's `defaults.cuda_context_gib` (sources in REFERENCE.md: ~0.3–0.5 GiB with
+lazy module loading). What is added here, per GPU, and only to lines not measured on a CUDA GPU (a CUDA
+line's reserved peak already holds them):
+
+- cuBLAS workspace, one per (handle, stream), allocated through the caching allocator at the first matmul
+  and kept: CUBLAS_WORKSPACE_CONFIG's default ":4096:2:16:8" = 8,519,680 bytes, 32 MiB on sm90
+  (aten/src/ATen/cuda/CublasHandlePool.cpp @ 26a39059: parseChosenWorkspaceSize). A request under 10 MiB
+  takes a 20 MiB segment (planner/allocator.py), so it reserves 20 MiB; 32 MiB reserves 32 MiB.
+- cuBLASLt workspace: 1 MiB by default (parseCUDABlasLtWorkspaceSize), a 2 MiB small-pool segment.
+- ROCm: hipBLAS 32 MiB (128 MiB on gfx94x/gfx95x, MI300X) and hipBLASLt 76 MiB, same file.
+- NCCL buffers, for DDP and FSDP only (outside PyTorch's allocator): 1.6 GB per process after an all-reduce
+  on one communicator (NVIDIA/nccl#864); 1.06 GB on 8 × H100 after init (NVIDIA/nccl#1685); they grow
+  with the channels NCCL opens (maintainer, NVIDIA/nccl#986). The planner takes the high end.
+"""
+
+from __future__ import annotations
+
+from planner.allocator import SMALL_BUFFER, allocation_size
+
+MiB = 1 << 20
+CUBLAS_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+NCCL_BYTES = int(1.6e9)
+
+
+def workspace_bytes(compute_capability: str | None, software: str = "cuda", arch: str | None = None) -> int:
+    """Reserved bytes of the BLAS workspaces of one stream on this GPU."""
+    if software == "rocm":
+        hip = 128 * MiB if (arch or "").lower() in ("cdna3", "cdna4") else 32 * MiB
+        return allocation_size(hip) + allocation_size(76 * MiB)
+    cublas = 32 * MiB if str(compute_capability) == "9.0" else CUBLAS_DEFAULT
+    return allocation_size(cublas) + SMALL_BUFFER  # + cuBLASLt's 1 MiB in a 2 MiB small segment
+
+
+def describe(compute_capability: str | None, software: str = "cuda", arch: str | None = None) -> str:
+    return (f"BLAS workspaces {workspace_bytes(compute_capability, software, arch) / MiB:.0f} MiB reserved "
+            "(CublasHandlePool.cpp defaults)")
