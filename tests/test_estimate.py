@@ -38,7 +38,11 @@ def test_estimate_matches_measured_allocated_peak_per_phase(tmp_path, ref, size)
         assert m["verdict"] == e["verdict"] == "ok", (phase, e["detail"])
         assert e["mode"] == "estimated" and e["peak_reserved_bytes"] is None and e["device_used_bytes"] is None
         assert abs(e["peak_allocated_bytes"] - m["peak_allocated_bytes"]) <= 0.01 * m["peak_allocated_bytes"], phase
-    assert estimated["steady"]["flops_per_update"] == measured["steady"]["flops_per_update"]
+    # A CPU pilot's census counts each GPU target's kernels; a CPU-kernel estimate counts the CPU's, whose fused
+    # attention (_scaled_dot_product_flash_attention_for_cpu) has no FLOP formula in torch.utils.flop_counter.
+    census = json.loads(measured["steady"]["op_profile_json"])
+    assert set(census) == {"sm80+", "sm50-75"}
+    assert census["sm80+"]["flops"] == measured["steady"]["flops_per_update"] >= estimated["steady"]["flops_per_update"]
 
 
 def test_memory_model_predicts_held_out_measured_configs_within_3_percent(tmp_path):
@@ -55,6 +59,8 @@ def test_memory_model_predicts_held_out_measured_configs_within_3_percent(tmp_pa
                                     eval_micro_batch=mb).values():
                 led.append(Line(**{**line, "run_id": f"r{mb}-{seq}"}))
     df = read_lines(db)
+    # The fit itself, on allocated bytes (the simulated reserved of a model this small moves in 2 MiB segments)
+    df["simulated_reserved_bytes"] = None
     fit_df = df[df["run_id"].isin([f"r{mb}-{s}" for mb, s in fit_on])]
     model = build_model(fit_df, 1.0)
     for mb, seq in held_out:
