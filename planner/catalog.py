@@ -62,7 +62,8 @@ class Gpu:
             return self.bf16_dense_tflops
         if precision == "fp16":
             return self.fp16_dense_tflops
-        return self.tf32_dense_tflops or self.fp32_tflops  # fp32 matmuls may use TF32 tensor cores
+        # PyTorch's fp32 matmuls do not use TF32 unless the workload enables it (allow_tf32 is False since 1.12)
+        return self.fp32_tflops
 
     def sm(self) -> float | None:
         try:

@@ -352,7 +352,8 @@ def observed_fields(campaign: Campaign, offer: Offer, obs: dict) -> dict:
     hours = campaign.setup_hours + len(campaign.variants) * per_variant
     price = offer.price_per_hour_usd
     cost = price * max(hours, offer.billing_minimum_hours)
-    return {"update_s_low": t, "update_s_high": t, "eval_pass_s_low": ev, "eval_pass_s_high": ev, "export_s": ex,
+    return {"update_s_low": t, "update_s_point": t, "update_s_high": t, "eval_pass_s_low": ev, "eval_pass_s_high": ev,
+            "export_s": ex,
             "time_basis": f"observed in this campaign's runs on {obs['device']} (median of {obs['updates']} updates)",
             "variant_hours_low": per_variant, "variant_hours_high": per_variant, "campaign_hours_low": hours,
             "campaign_hours_high": hours, "campaign_cost_usd_low": cost, "campaign_cost_usd_high": cost}
@@ -401,7 +402,8 @@ def fsdp_plan(campaign, fam: Family, ctx: float, usable: float, headroom: float,
 def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, accum, replicas,
                 strategy: str = "single") -> dict:
     tp = fam.throughput
-    empty = {"update_s_low": None, "update_s_high": None, "eval_pass_s_low": None, "eval_pass_s_high": None,
+    empty = {"update_s_low": None, "update_s_point": None, "update_s_high": None, "eval_pass_s_low": None,
+             "eval_pass_s_high": None,
              "export_s": None, "time_basis": "no steady line to time from", "variant_hours_low": None,
              "variant_hours_high": None, "campaign_hours_low": None, "campaign_hours_high": None,
              "campaign_cost_usd_low": None, "campaign_cost_usd_high": None}
@@ -423,7 +425,7 @@ def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, 
     hours_lo, hours_hi = campaign.setup_hours + n * var_lo, campaign.setup_hours + n * var_hi
     price = offer.price_per_hour_usd
     return {
-        "update_s_low": t.low_s, "update_s_high": t.high_s,
+        "update_s_low": t.low_s, "update_s_point": t.point_s, "update_s_high": t.high_s,
         "eval_pass_s_low": t.low_s * eval_ratio, "eval_pass_s_high": t.high_s * eval_ratio, "export_s": export_s,
         "time_basis": f"{t.basis}; {export_basis}",
         "variant_hours_low": var_lo, "variant_hours_high": var_hi,

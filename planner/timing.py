@@ -1,12 +1,14 @@
-"""Time model: seconds per update on a catalog GPU, always as a range with its basis named.
+"""Time model: seconds per update on a catalog GPU, a point estimate within a range, with its basis named.
 
-- Measured on a CUDA GPU found in the catalog: the measured update time, rescaled to the campaign's
-  FLOPs, then scaled to the target between its compute ratio (TFLOPS) and its memory ratio (bandwidth):
-  the true factor lies between the two (Habitat's observation, REFERENCE.md).
-- Otherwise (CPU pilot or estimate): FLOPs counted on the pilot ÷ (target peak × 25–50 % MFU), never
-  faster than a kernel-launch floor of (ops per update × 5–10 µs); small models are launch-bound.
+- Measured on a CUDA GPU found in the catalog: the measured update time, moved to the planned shape and to
+  the target GPU by the ratio of the per-op roofline model (planner/roofline.py) between them, evaluated with
+  the fast, point and slow fractions (the range spans the three ratios).
+- Otherwise (CPU pilot or estimate), with a census of the update's ops: the per-op roofline model itself,
+  with the target GPU's kernels (fast end, point, slow end).
+- Lines without a census (older ledgers): FLOPs ÷ (target peak × 25–50 % MFU), never under a kernel-launch
+  floor of (ops per update × 5–10 µs), and the basis says so.
 - Data parallel over n GPUs: per-GPU compute / n, plus the collectives of the strategy, timed as ring
-  collectives over the catalog's links (estimates, named as such): DDP all-reduces the fp32 gradients once
+  collectives over the catalog's links (estimates, named as such): DDP all-reduces the gradients once
   per update (accumulation runs under no_sync); FSDP all-gathers the parameters for forward and again for
   backward and reduce-scatters the gradients on every micro-batch. Within an instance the link is NVLink
   (GB/s), else PCIe; across nodes (multi-node offers only) the node's network, shared by its GPUs. The low
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from planner.catalog import Catalog, Gpu, Offer
+from planner.kernels import kernel_target
+from planner.roofline import FAST, POINT, SLOW, census_for
 
 MFU_RANGE = (0.25, 0.50)
 LAUNCH_S = (5e-6, 10e-6)
@@ -32,9 +36,7 @@ class TimeRange:
     low_s: float
     high_s: float
     basis: str
-
-    def scaled(self, factor: float, basis: str | None = None) -> "TimeRange":
-        return TimeRange(self.low_s * factor, self.high_s * factor, basis or self.basis)
+    point_s: float | None = None  # the point estimate (inside the range), where the model gives one
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,10 @@ class Throughput:
     micro_batch: int
     seq_len: int
     grad_accum: int
+    op_profile_json: str | None = None  # the census per kernel target (steady line)
+
+    def census(self, target: str):
+        return census_for(self.op_profile_json, target, self.micro_batch, self.seq_len, self.grad_accum)
 
 
 def throughput(ev) -> Throughput | None:
@@ -70,7 +76,8 @@ def throughput(ev) -> Throughput | None:
         measured_s_per_token=float(row["update_s"]) / tokens if measured else None,
         device=str(row["device"]), device_name=str(row["device_name"] or ""), grad_bytes=grads,
         param_bytes=int(row["param_bytes"]) if pd.notna(row["param_bytes"]) else grads,
-        micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]), grad_accum=int(row["grad_accum"]))
+        micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]), grad_accum=int(row["grad_accum"]),
+        op_profile_json=row["op_profile_json"] if isinstance(row["op_profile_json"], str) else None)
 
 
 def match_catalog_gpu(device_name: str, catalog: Catalog) -> Gpu | None:
@@ -128,33 +135,49 @@ def comm_time(tp: Throughput, strategy: str, gpu: Gpu, offer: Offer, grad_accum:
 
 def update_time(tp: Throughput, gpu: Gpu, precision: str, micro_batch: int, seq_len: int, grad_accum: int,
                 replicas: int, catalog: Catalog, strategy: str, offer: Offer) -> TimeRange:
-    """Seconds per optimizer update on `gpu` for the planned configuration (per-GPU compute + collectives)."""
-    tokens = micro_batch * seq_len * grad_accum * replicas
-    flops = tp.flops_per_token * tokens
-    peak = gpu.peak_tflops(precision)
+    """Seconds per optimizer update on `gpu` for the planned configuration (per-GPU compute + collectives).
+    micro_batch and grad_accum are per GPU; the replicas share the effective batch."""
+    census = tp.census(kernel_target(gpu.compute_capability, gpu.software))
     src = match_catalog_gpu(tp.device_name, catalog) if tp.device.startswith("cuda") else None
-    if src is not None and tp.measured_s_per_token is not None and src.peak_tflops(precision) and peak:
-        t_src = tp.measured_s_per_token * tokens / replicas
-        r_compute = src.peak_tflops(precision) / peak
+    point = None
+    if src is not None and tp.measured_s_per_token is not None and census is not None:
+        measured = tp.measured_s_per_token * tp.micro_batch * tp.seq_len * tp.grad_accum
+        at_shape = measured * (census.seconds(src, micro_batch, seq_len, grad_accum, POINT)
+                               / census.seconds(src, tp.micro_batch, tp.seq_len, tp.grad_accum, POINT))
+        ratios = [census.seconds(gpu, micro_batch, seq_len, grad_accum, fr)
+                  / census.seconds(src, micro_batch, seq_len, grad_accum, fr) for fr in (FAST, POINT, SLOW)]
+        lo, point, hi = at_shape * min(ratios), at_shape * ratios[1], at_shape * max(ratios)
+        basis = (f"measured on {tp.device_name} ({measured * 1e3:.1f} ms at micro-batch {tp.micro_batch} × seq "
+                 f"{tp.seq_len}), moved to this shape and to {gpu.id} by the per-op roofline's ratio "
+                 f"({min(ratios):.2f}–{max(ratios):.2f}×)")
+    elif src is not None and tp.measured_s_per_token is not None and src.peak_tflops(precision) and \
+            gpu.peak_tflops(precision):
+        t_src = tp.measured_s_per_token * micro_batch * seq_len * grad_accum
+        r_compute = src.peak_tflops(precision) / gpu.peak_tflops(precision)
         r_memory = src.mem_bandwidth_tbps / gpu.mem_bandwidth_tbps
         lo, hi = sorted((t_src * r_compute, t_src * r_memory))
         basis = (f"measured on {tp.device_name}, scaled by TFLOPS ({r_compute:.2f}×) and bandwidth "
-                 f"({r_memory:.2f}×) ratios")
-    elif peak and flops > 0:
-        per_gpu = flops / replicas
-        lo, hi = per_gpu / (peak * 1e12 * MFU_RANGE[1]), per_gpu / (peak * 1e12 * MFU_RANGE[0])
+                 f"({r_memory:.2f}×) ratios (no op census on these lines)")
+    elif census is not None:
+        lo, point, hi = (census.seconds(gpu, micro_batch, seq_len, grad_accum, fr) for fr in (FAST, POINT, SLOW))
+        basis = f"{census.describe(gpu, precision)}; census from the {tp.device} pilot"
+    else:
+        flops = tp.flops_per_token * micro_batch * seq_len * grad_accum
+        peak = gpu.peak_tflops(precision)
+        if not peak or flops <= 0:
+            return TimeRange(float("nan"), float("nan"), f"no {precision} peak for {gpu.id} in the catalog")
+        lo, hi = flops / (peak * 1e12 * MFU_RANGE[1]), flops / (peak * 1e12 * MFU_RANGE[0])
         basis = (f"FLOPs counted on the {tp.device} pilot ÷ ({gpu.id} {precision} peak {peak:g} TFLOPS × "
-                 f"{MFU_RANGE[0]:.0%}–{MFU_RANGE[1]:.0%})")
+                 f"{MFU_RANGE[0]:.0%}–{MFU_RANGE[1]:.0%}) (lines without an op census)")
         if tp.ops_per_micro_batch:
             ops = tp.ops_per_micro_batch * grad_accum
             floor_lo, floor_hi = ops * LAUNCH_S[0], ops * LAUNCH_S[1]
             if floor_lo > lo or floor_hi > hi:
                 basis += f"; kernel-launch floor {ops:.0f} ops × 5–10 µs"
             lo, hi = max(lo, floor_lo), max(hi, floor_hi)
-    else:
-        return TimeRange(float("nan"), float("nan"), f"no {precision} peak for {gpu.id} in the catalog")
     if replicas > 1:
         comm = comm_time(tp, strategy, gpu, offer, grad_accum)
         lo, hi = max(lo, comm.seconds), hi + comm.seconds
+        point = None if point is None else point + comm.seconds / 2
         basis += f"; {comm.basis}"
-    return TimeRange(lo, hi, basis)
+    return TimeRange(lo, hi, basis, point)

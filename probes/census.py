@@ -40,6 +40,8 @@ def _bytes(x) -> int:
 
 
 def kind_of(func) -> str | None:
+    if func.namespace in ("prim", "profiler"):
+        return None
     packet = func.overloadpacket
     if packet in MATMUL:
         return "matmul"
@@ -66,8 +68,10 @@ class OpCensus(TorchDispatchMode):
         kind = kind_of(func)
         if kind is None:
             return out
-        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if not outs and not func._schema.is_mutable:  # prim.device, profiler records: no kernel
+            return out
+        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         flops = 0
         if func.overloadpacket in flop_registry:
             flops = int(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
@@ -85,7 +89,8 @@ class OpCensus(TorchDispatchMode):
 
 
 def census(workload, cfg, kernels=contextlib.nullcontext) -> dict:
-    """One update (every micro-batch of the window and the optimizer step) on a fresh model under fake tensors.
+    """A steady update (every micro-batch of the window and the optimizer step; the second update of a fresh
+    model, so that the optimizer's state already exists) under fake tensors.
     The process's RNG is saved and restored: the real run that follows sees the same random numbers."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -95,6 +100,7 @@ def census(workload, cfg, kernels=contextlib.nullcontext) -> dict:
     one = dataclasses.replace(cfg, strategy="single", world_size=1)
     with torch.random.fork_rng(devices=[]), FakeTensorMode(allow_non_fake_inputs=True), kernels():
         trainer = Trainer(workload, one, torch.device("cpu"), fake=True)
+        trainer.train_update()  # the first update also creates the optimizer state: steady updates do not
         counter = OpCensus()
         with counter:
             trainer.train_update()

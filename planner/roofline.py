@@ -1,0 +1,149 @@
+"""Seconds per update on a GPU from the census of one update's ops (probes/census.py), op by op.
+
+Each op takes the longest of: its FLOPs at the peak of its unit and dtype × the fraction such kernels
+achieve; its bytes at the memory bandwidth × the fraction achieved; one kernel launch. The update is the
+sum over ops (every extra launch of a foreach op adds a launch). Three sets of fractions give the fast end,
+the point estimate and the slow end; plans use the slow end.
+
+Peaks: bf16/fp16 from the catalog's dense tensor-core figures; fp32 matmuls run on the non-tensor fp32 peak
+unless the workload enabled TF32 (torch.backends.cuda.matmul.allow_tf32 is False by default since 1.12;
+the census records torch.get_float32_matmul_precision(), "highest" = no TF32).
+
+Fractions and their sources:
+- matmul: stas00's maximum achievable matmul FLOPS (MAMF), 80–87 % of peak on NVIDIA parts (A100 SXM 86.9 %,
+  H100 SXM 80.3 %, stas00/ml-engineering compute/accelerator/README.md); per GPU from the catalog's
+  `mamf_bf16_tflops` where it has one. The slow end, 50 %, is for the smaller shapes a step also runs
+  (MAMF is the best shape found by a search; no published per-shape figure is used here).
+- attention (flash / memory-efficient): FlashAttention-2 reaches 50–73 % of peak on A100 (Dao, 2023,
+  arXiv:2307.08691 abstract); on H100 FlashAttention-2 reaches 35 % and FlashAttention-3 75 % (Shah et al.,
+  2024, arXiv:2407.08608): the sm90+ range spans both, since PyTorch may run either FA2 or cuDNN attention.
+- memory-bound ops and the launch cost: no published figure was found for these; the range used (70–92 %
+  of the bandwidth, 5–10 µs a launch) is an assumption that benchmarks/gpu_check.sh measures on the first
+  lent GPU (achieved copy bandwidth and the eager per-op time are printed there).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from planner.catalog import Gpu
+
+MAMF_DEFAULT = 0.80  # stas00: H100 SXM 80.3 %, the lower of the NVIDIA figures
+
+
+@dataclass(frozen=True)
+class Fractions:
+    name: str
+    matmul: float | None  # None: the GPU's MAMF fraction
+    attention_sm80: float
+    attention_sm90: float
+    memory: float
+    launch_s: float
+
+
+FAST = Fractions("fast end", 0.87, 0.73, 0.75, 0.92, 5e-6)
+POINT = Fractions("point", None, 0.60, 0.50, 0.85, 7e-6)
+SLOW = Fractions("slow end", 0.50, 0.50, 0.35, 0.70, 10e-6)
+
+
+def peak_tflops(gpu: Gpu, dtype: str, tf32: bool) -> float | None:
+    if dtype == "bfloat16":
+        return gpu.bf16_dense_tflops
+    if dtype == "float16":
+        return gpu.fp16_dense_tflops
+    if tf32 and gpu.tf32_dense_tflops:
+        return gpu.tf32_dense_tflops
+    return gpu.fp32_tflops
+
+
+def matmul_fraction(gpu: Gpu, fr: Fractions) -> float:
+    if fr.matmul is not None:
+        return fr.matmul
+    if gpu.mamf_bf16_tflops and gpu.bf16_dense_tflops:
+        return gpu.mamf_bf16_tflops / gpu.bf16_dense_tflops
+    return MAMF_DEFAULT
+
+
+def scale_rows(profile: dict, token_ratio: float, seq_ratio: float, accum_ratio: float) -> list:
+    """The census of one update at another shape: per-micro-batch ops scale with tokens per micro-batch (attention
+    FLOPs also with seq_len) and their count with the accumulation; optimizer (foreach) ops stay as they are."""
+    rows = []
+    for kind, dtype, flops, nbytes, count in profile["ops"]:
+        if kind == "foreach":
+            rows.append((kind, dtype, flops, nbytes, count))
+            continue
+        f = flops * token_ratio * (seq_ratio if kind == "attention" else 1.0)
+        rows.append((kind, dtype, f, nbytes * token_ratio, count * accum_ratio))
+    return rows
+
+
+def update_seconds(rows, extra_launches: float, gpu: Gpu, tf32: bool, fr: Fractions) -> float:
+    bandwidth = gpu.mem_bandwidth_tbps * 1e12 * fr.memory
+    attention = fr.attention_sm90 if (gpu.sm() or 0) >= 9 else fr.attention_sm80
+    mm = matmul_fraction(gpu, fr)
+    total = 0.0
+    for kind, dtype, flops, nbytes, count in rows:
+        t = max(nbytes / bandwidth, fr.launch_s)
+        if flops and kind in ("matmul", "attention"):
+            peak = peak_tflops(gpu, dtype, tf32)
+            if not peak:
+                return float("nan")  # the catalog lacks this GPU's peak for the dtype: no time, said so
+            t = max(t, flops / (peak * 1e12 * (mm if kind == "matmul" else attention)))
+        total += count * t
+    return total + extra_launches * fr.launch_s
+
+
+@dataclass(frozen=True)
+class Census:
+    """One update's ops for one kernel target, at the shape it was counted at."""
+
+    target: str
+    profile: dict
+    micro_batch: int
+    seq_len: int
+    grad_accum: int
+
+    @property
+    def tf32(self) -> bool:
+        return self.profile.get("float32_matmul_precision", "highest") != "highest"
+
+    def rows_for(self, micro_batch: int, seq_len: int, grad_accum: int) -> tuple[list, float]:
+        tokens = (micro_batch * seq_len) / (self.micro_batch * self.seq_len)
+        accum = grad_accum / self.grad_accum
+        rows = scale_rows(self.profile, tokens, seq_len / self.seq_len, accum)
+        ops = sum(r[4] for r in self.profile["ops"])
+        extra = max(0.0, self.profile["launches"] - ops)  # foreach ops launch more than once
+        return rows, extra
+
+    def seconds(self, gpu: Gpu, micro_batch: int, seq_len: int, grad_accum: int, fr: Fractions) -> float:
+        rows, extra = self.rows_for(micro_batch, seq_len, grad_accum)
+        return update_seconds(rows, extra, gpu, self.tf32, fr)
+
+    def describe(self, gpu: Gpu, dtype: str) -> str:
+        n = sum(r[4] for r in self.profile["ops"])
+        peak = peak_tflops(gpu, {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, "float32"), self.tf32)
+        unit = "tensor-core" if dtype in ("bf16", "fp16") or self.tf32 else "non-tensor fp32 (TF32 off)"
+        return (f"per-op roofline over {n} ops of one update ({self.target} kernels): matmuls at "
+                f"{SLOW.matmul:.0%}–{FAST.matmul:.0%} of {gpu.id}'s {unit} peak "
+                f"{'(not in the catalog)' if peak is None else f'{peak:g} TFLOPS'} (MAMF), attention "
+                f"{SLOW.attention_sm80:.0%}–{FAST.attention_sm80:.0%} (sm80) / {SLOW.attention_sm90:.0%}–"
+                f"{FAST.attention_sm90:.0%} (sm90+) (FlashAttention-2/3 papers), memory-bound ops at "
+                f"{SLOW.memory:.0%}–{FAST.memory:.0%} of {gpu.mem_bandwidth_tbps:g} TB/s and 5–10 µs a launch "
+                f"(assumed until gpu_check measures them)")
+
+
+def census_for(op_profile_json: str | None, target: str, micro_batch: int, seq_len: int,
+               grad_accum: int) -> Census | None:
+    """The census of `target` from a steady line's op_profile_json (another target's when it has none)."""
+    if not op_profile_json:
+        return None
+    try:
+        profiles = json.loads(op_profile_json)
+    except (TypeError, ValueError):
+        return None
+    usable = {t: p for t, p in profiles.items() if isinstance(p, dict) and "ops" in p}
+    if not usable:
+        return None
+    name = target if target in usable else sorted(usable)[0]
+    return Census(name, usable[name], micro_batch, seq_len, grad_accum)

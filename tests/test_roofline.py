@@ -1,0 +1,109 @@
+"""The per-op time model (planner/roofline.py) by hand, and plans made from estimates (census, reserved)."""
+
+import json
+import math
+
+import pytest
+
+from planner.catalog import load_catalog
+from planner.roofline import FAST, POINT, SLOW, Census, update_seconds
+
+CATALOG = load_catalog()
+H100 = CATALOG.gpu("h100_sxm")
+
+
+def census(rows, launches=None, precision="highest", mb=1, seq=1, accum=1):
+    n = sum(r[4] for r in rows)
+    return Census("sm80+", {"ops": rows, "launches": launches or n, "float32_matmul_precision": precision},
+                  mb, seq, accum)
+
+
+def test_a_matmul_takes_its_flops_at_the_dtype_peak_times_the_achieved_fraction():
+    flops = 2 * 8192**3
+    t = update_seconds([("matmul", "bfloat16", flops, 3 * 8192 * 8192 * 2, 1)], 0, H100, False, SLOW)
+    assert math.isclose(t, flops / (H100.bf16_dense_tflops * 1e12 * SLOW.matmul))
+    fast = update_seconds([("matmul", "bfloat16", flops, 0, 1)], 0, H100, False, FAST)
+    point = update_seconds([("matmul", "bfloat16", flops, 0, 1)], 0, H100, False, POINT)
+    assert fast < point < t
+    assert math.isclose(point, flops / (H100.mamf_bf16_tflops * 1e12))  # the point is the GPU's MAMF
+
+
+def test_fp32_matmuls_use_the_non_tensor_peak_unless_tf32_is_on():
+    flops = 2 * 4096**3
+    off = update_seconds([("matmul", "float32", flops, 0, 1)], 0, H100, False, POINT)
+    on = update_seconds([("matmul", "float32", flops, 0, 1)], 0, H100, True, POINT)
+    assert H100.fp32_tflops < H100.tf32_dense_tflops
+    assert math.isclose(off / on, H100.tf32_dense_tflops / H100.fp32_tflops)
+
+
+def test_memory_bound_ops_take_their_bytes_at_the_bandwidth_and_at_least_one_launch():
+    big = update_seconds([("memory", "bfloat16", 0, 3 * 10**9, 1)], 0, H100, False, POINT)
+    assert math.isclose(big, 3e9 / (H100.mem_bandwidth_tbps * 1e12 * POINT.memory))
+    tiny = update_seconds([("memory", "float32", 0, 512, 1000)], 0, H100, False, POINT)
+    assert math.isclose(tiny, 1000 * POINT.launch_s)  # launch-bound
+    extra = update_seconds([("foreach", "float32", 0, 512, 10)], 90, H100, False, POINT)
+    assert math.isclose(extra, 100 * POINT.launch_s)  # foreach ops launch more than once
+
+
+def test_a_census_scales_to_the_planned_shape():
+    c = census([("matmul", "bfloat16", 10**12, 10**6, 4), ("attention", "bfloat16", 10**11, 10**5, 2),
+                ("foreach", "float32", 0, 10**8, 3)], mb=2, seq=512, accum=1)
+    rows, _ = c.rows_for(micro_batch=4, seq_len=1024, grad_accum=2)
+    mm, att, opt = rows
+    assert mm[2] == 4 * 10**12 and mm[4] == 8  # 4× the tokens per micro-batch, twice the micro-batches
+    assert att[2] == 8 * 10**11  # attention FLOPs also grow with seq_len
+    assert opt == ("foreach", "float32", 0, 10**8, 3)  # the optimizer step does not depend on the batch
+
+
+pytest.importorskip("torch")
+WIDE = {"layers": 1, "d_model": 4096, "heads": 32, "vocab": 2048}  # matmul time dominates at 16k tokens
+
+
+@pytest.fixture(scope="module")
+def estimated(tmp_path_factory):
+    """Estimates made the way `rentplan estimate` makes them (run_grid), for a matmul-heavy model."""
+    from planner.records import ProbeConfig
+    from probes.runner import run_grid
+
+    path = str(tmp_path_factory.mktemp("est") / "ledger.db")
+    params = json.dumps(WIDE, sort_keys=True)
+    configs = [ProbeConfig(params_json=params, micro_batch=mb, seq_len=1024, eval_seq_len=1024, eval_micro_batch=mb,
+                           precision=prec, mode="estimated", target="sm80+")
+               for prec in ("fp32", "bf16") for mb in (4, 8, 16)]
+    run_grid(configs, path, progress=lambda m: None)
+    return path
+
+
+def test_fp32_on_an_h100_is_planned_slower_than_bf16_by_about_their_peaks(estimated):
+    from planner.ledger import read_lines
+    from planner.planning import make_plan
+    from tests.test_recommendations import campaign
+
+    lines = read_lines(estimated)
+    sheets = {p: make_plan(campaign(params=WIDE, precision=p, seq_len=1024, effective_batch=16,
+                                    eval={"every_updates": 50, "examples": 64, "seq_len": 1024}),
+                           lines, CATALOG).sheet for p in ("fp32", "bf16")}
+    fp32, bf16 = (s[s["offer"] == "lambda-h100_sxm-1x"].iloc[0] for s in (sheets["fp32"], sheets["bf16"]))
+    assert fp32["micro_batch"] == bf16["micro_batch"]
+    ratio = fp32["update_s_point"] / bf16["update_s_point"]
+    peaks = H100.bf16_dense_tflops / H100.fp32_tflops * (H100.mamf_bf16_tflops / H100.bf16_dense_tflops)
+    assert 0.8 * peaks < ratio <= peaks * 1.01, (ratio, peaks)  # mostly matmul time: close to the peaks' ratio
+    assert "non-tensor fp32 (TF32 off)" in fp32["time_basis"] and "per-op roofline" in fp32["time_basis"]
+    assert fp32["update_s_low"] <= fp32["update_s_point"] <= fp32["update_s_high"]
+
+
+def test_estimated_lines_carry_simulated_reserved_and_the_need_says_so(estimated):
+    from planner.ledger import read_lines
+    from planner.planning import make_plan
+    from tests.test_recommendations import campaign
+
+    lines = read_lines(estimated)
+    assert (lines["simulated_reserved_bytes"] >= lines["peak_allocated_bytes"]).all()
+    assert lines["peak_reserved_bytes"].isna().all()  # never a device counter on a CPU
+    sheet = make_plan(campaign(params=WIDE, precision="bf16", seq_len=1024,
+                               eval={"every_updates": 50, "examples": 64, "seq_len": 1024}), lines, CATALOG).sheet
+    row = sheet[sheet["offer"] == "lambda-h100_sxm-1x"].iloc[0]
+    assert "simulated by a model of CUDA's caching allocator" in row["need_basis"]
+    assert "sm80+ kernels" in row["need_basis"]
+    assert "estimated for the target's kernels" in row["evidence"]
+    assert "BLAS workspaces 34 MiB" in row["context_basis"]  # sm90: cuBLAS 32 MiB + cuBLASLt 1 MiB in 2 MiB
