@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.records import ProbeConfig
 from probes.workloads import count_targets
@@ -333,6 +334,17 @@ def _parameters_on_meta():
         torch.nn.Module.register_parameter = register
 
 
+class _MetaValuesAreZero(TorchDispatchMode):
+    """While building for an estimate, reading a parameter's value (.item(), bool(), a branch on it) gives 0:
+    parameters are on meta and have none. Sizes do not depend on such values; other tensors stay real."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == "meta":
+            t = args[0]
+            return False if t.dtype == torch.bool else (0.0 if t.is_floating_point() else 0)
+        return func(*args, **(kwargs or {}))
+
+
 def build_without_weights(workload) -> torch.nn.Module:
     """Estimates: build the model's structure for real, with every mode of the pilot set aside, so that
     construction code may read tensor values (timm's drop-path rates via .item(), tolist(), branches on
@@ -341,7 +353,7 @@ def build_without_weights(workload) -> torch.nn.Module:
     tied: one new tensor per distinct parameter."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with _disable_current_modes(), torch.device("cpu"), _parameters_on_meta():
+    with _disable_current_modes(), torch.device("cpu"), _parameters_on_meta(), _MetaValuesAreZero():
         model = workload.build_model()
     made: dict[int, torch.Tensor] = {}
     for module in model.modules():

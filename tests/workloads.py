@@ -198,3 +198,140 @@ class ConvAudio:
 
 def conv_audio(channels: int = 32, blocks: int = 6, classes: int = 8):
     return ConvAudio(channels, blocks, classes)
+
+
+class TimmStyleViT:
+    """A ViT written the way timm writes one: stochastic-depth rates read with .item() from a linspace, a
+    truncated-normal init, and a branch on a parameter's value while building (timm's vit and convnext
+    stopped `estimate` with DataDependentOutputException before models were built for real off the fake mode)."""
+
+    def __init__(self, depth: int = 4, dim: int = 96, heads: int = 3, patch: int = 16, image: int = 64,
+                 classes: int = 10, drop_path: float = 0.1):
+        self.name = f"timm-style-vit-{depth}x{dim}"
+        self.depth, self.dim, self.heads, self.patch, self.image = depth, dim, heads, patch, image
+        self.classes, self.drop_path = classes, drop_path
+
+    def build_model(self):
+        import torch.nn as nn
+
+        dim, heads, n = self.dim, self.heads, (self.image // self.patch) ** 2
+        rates = [x.item() for x in torch.linspace(0, self.drop_path, self.depth)]  # data-dependent Python
+
+        class DropPath(nn.Module):
+            def __init__(self, p):
+                super().__init__()
+                self.p = p
+
+            def forward(self, x):
+                if not self.training or self.p == 0:
+                    return x
+                keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - self.p)
+                return x * keep / (1 - self.p)
+
+        class Block(nn.Module):
+            def __init__(self, p):
+                super().__init__()
+                self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+                self.attn = nn.MultiheadAttention(dim, heads, dropout=0.1, batch_first=True)
+                self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+                self.drop = DropPath(p)
+
+            def forward(self, x):
+                h = self.norm1(x)
+                x = x + self.drop(self.attn(h, h, h, need_weights=False)[0])
+                return x + self.drop(self.mlp(self.norm2(x)))
+
+        class ViT(nn.Module):
+            def __init__(self, patch, classes):
+                super().__init__()
+                self.embed = nn.Conv2d(3, dim, patch, patch)
+                self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+                self.pos = nn.Parameter(torch.zeros(1, n + 1, dim))
+                nn.init.trunc_normal_(self.pos, std=0.02)
+                if float(self.cls.abs().sum()) == 0:  # a branch on a parameter's value during construction
+                    nn.init.normal_(self.cls, std=1e-6)
+                self.blocks = nn.ModuleList(Block(p) for p in rates)
+                self.head = nn.Linear(dim, classes)
+
+            def forward(self, x):
+                x = self.embed(x).flatten(2).transpose(1, 2)
+                x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+                for b in self.blocks:
+                    x = b(x)
+                return self.head(x[:, 0])
+
+        return ViT(self.patch, self.classes)
+
+    def make_batch(self, split, index, micro_batch, seq_len):
+        import zlib
+
+        g = torch.Generator().manual_seed(zlib.crc32(f"{split}:{index}".encode()))
+        return {"x": torch.randn(micro_batch, 3, self.image, self.image, generator=g),
+                "y": torch.randint(0, self.classes, (micro_batch,), generator=g)}
+
+    def compute_loss(self, model, batch):
+        return torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+
+
+def timm_style_vit(**kw):
+    return TimmStyleViT(**kw)
+
+
+class HFFromConfig:
+    """A Hugging Face model built from a config object (random weights, nothing downloaded)."""
+
+    def __init__(self, kind: str, size: str = "tiny"):
+        self.kind, self.name = kind, f"hf-{kind}-{size}"
+        big = size == "1b"
+        self.config = self._config(kind, big)
+
+    @staticmethod
+    def _config(kind, big):
+        import transformers as tf
+
+        if kind == "gpt2":  # GPT-2 keeps dropout 0.1 on attention, residuals and embeddings
+            return tf.GPT2Config(n_layer=24 if big else 2, n_embd=2048 if big else 64, n_head=16 if big else 2,
+                                 vocab_size=50257 if big else 256, n_positions=1024)
+        if kind == "llama":
+            return tf.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=172, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=256)
+        if kind == "t5":
+            return tf.T5Config(num_layers=2, num_decoder_layers=2, d_model=64, d_ff=128, num_heads=2, d_kv=32,
+                               vocab_size=256, decoder_start_token_id=0)
+        if kind == "vit":
+            return tf.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                                image_size=32, patch_size=8, num_labels=10)
+        if kind == "convnext":  # its encoder reads drop-path rates with .tolist() while it is built
+            return tf.ConvNextConfig(depths=[1, 1, 2, 1], hidden_sizes=[16, 32, 64, 128], drop_path_rate=0.1,
+                                     image_size=32, num_labels=10)
+        raise ValueError(kind)
+
+    def build_model(self):
+        import transformers as tf
+
+        cls = {"gpt2": tf.GPT2LMHeadModel, "llama": tf.LlamaForCausalLM, "t5": tf.T5ForConditionalGeneration,
+               "vit": tf.ViTForImageClassification, "convnext": tf.ConvNextForImageClassification}[self.kind]
+        return cls(self.config)
+
+    def make_batch(self, split, index, micro_batch, seq_len):
+        import zlib
+
+        g = torch.Generator().manual_seed(zlib.crc32(f"{split}:{index}".encode()))
+        if self.kind in ("vit", "convnext"):
+            return {"pixel_values": torch.randn(micro_batch, 3, 32, 32, generator=g),
+                    "labels": torch.randint(0, 10, (micro_batch,), generator=g)}
+        vocab = self.config.vocab_size
+        ids = torch.randint(1, vocab, (micro_batch, seq_len), generator=g)
+        if self.kind == "t5":
+            return {"input_ids": ids, "labels": torch.randint(1, vocab, (micro_batch, seq_len // 2), generator=g)}
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    def compute_loss(self, model, batch):
+        return model(**batch).loss
+
+    def gradient_checkpointing_enable(self):  # the harness calls the model's own
+        raise AssertionError
+
+
+def hf_from_config(kind: str = "gpt2", size: str = "tiny"):
+    return HFFromConfig(kind, size)
