@@ -38,9 +38,12 @@ class LiveTensorTracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.ops += 1
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self._track(t)
+        if isinstance(out, torch.Tensor):  # the common case, without flattening
+            self._track(out)
+        else:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._track(t)
         if self.track_resizes:
             self.refresh()
         if self.live > self.peak:
@@ -69,9 +72,9 @@ class LiveTensorTracker(TorchDispatchMode):
         self.live += n
         if self.allocator is not None:
             self.allocator.malloc(key, n)
-        weakref.finalize(st, self._release, key)
-        if self.track_resizes:
-            self._refs[key] = weakref.ref(st)
+        # A weak reference whose callback runs when the storage dies (cheaper than weakref.finalize); it is
+        # kept here until then, and is also how refresh() reads sizes back.
+        self._refs[key] = weakref.ref(st, lambda _ref, key=key: self._release(key))
 
     def _release(self, key: int) -> None:
         self.live -= self._sizes.pop(key, 0)

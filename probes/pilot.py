@@ -8,6 +8,7 @@ A phase that fails (OOM, non-finite loss, exception) still yields its line; late
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -22,7 +23,7 @@ import torch
 
 from planner.records import Line, ProbeConfig, Verdict
 from planner.kernels import TARGETS, kernel_target
-from probes.census import census, census_fields
+from probes.census import OpCensus, census, census_fields
 from probes.kernels import target_kernels
 from probes.loop import NonFinite, Trainer
 from probes.memory import LiveTensorTracker, PhaseMeter
@@ -30,7 +31,6 @@ from probes.workloads import load_workload
 
 Emit = Callable[[str, object], None]
 TRAIN_WORKER_PHASES = ("setup", "first_step", "steady", "eval", "save", "export")
-RESUME_WORKER_PHASES = ("resume",)
 
 
 def cuda_allocator_model():
@@ -105,14 +105,30 @@ def _tensor_bytes(obj) -> int:
     return 0
 
 
-def _clone_tensors(obj):
+def _map(obj, fn):
     if isinstance(obj, torch.Tensor):
-        return obj.clone()
+        return fn(obj)
     if isinstance(obj, dict):
-        return {k: _clone_tensors(v) for k, v in obj.items()}
+        return {k: _map(v, fn) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_clone_tensors(v) for v in obj]
+        return [_map(v, fn) for v in obj]
     return obj
+
+
+def _as_meta(state):
+    """Shapes, strides and dtypes of a state's tensors, on meta: no memory, and nothing the tracker sees."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return _map(state, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"))
+
+
+def _materialise(state):
+    """Every tensor of a (meta) checkpoint as a new tensor under the active modes, as torch.load makes them.
+    Scalars (optimizer steps) get a value: AdamW reads its step with .item(), and fake tensors made from a
+    Python number keep it."""
+    return _map(state, lambda t: torch.tensor(1, dtype=t.dtype) if t.dim() == 0 else
+                torch.empty_strided(t.shape, t.stride(), dtype=t.dtype))
 
 
 def _median(xs: list[float]) -> float | None:
@@ -179,7 +195,14 @@ class Pilot:
         for _ in range(1 if self.fake else self.cfg.steady_updates):  # estimates: every update is alike
             self.meter.synchronize()
             t0 = time.perf_counter()
-            res = self.trainer.train_update()
+            if self.fake:  # an estimate counts its ops on this very update: the census holds no tensor, and a
+                counter = OpCensus()  # test checks the peaks are the same without it (test_estimate.py)
+                with counter:
+                    res = self.trainer.train_update()
+                self.census = {self.cfg.target or "cpu": {
+                    **counter.profile(), "float32_matmul_precision": torch.get_float32_matmul_precision()}}
+            else:
+                res = self.trainer.train_update()
             self.meter.synchronize()  # GPU work is asynchronous: stop the clock only when it is done
             times.append(time.perf_counter() - t0)
             self.losses.append(res.loss)
@@ -197,6 +220,9 @@ class Pilot:
     def save(self) -> dict:
         if self.fake:  # torch.save writes tensors from their storages: no tensor memory beyond the state
             state = self.trainer.state_dict()
+            # What the file would hold, kept as shapes only (meta, untracked): resume materialises it again.
+            self._checkpoint = {**_as_meta(state), "update": 1 + self.cfg.steady_updates,
+                                "position": (1 + self.cfg.steady_updates) * self.cfg.grad_accum}
             return {"checkpoint_bytes": _tensor_bytes(state), "detail": "estimated: state size, no file written"}
         return {"checkpoint_bytes": self.trainer.save(self.ckpt_path)}
 
@@ -210,23 +236,20 @@ class Pilot:
         size = self.trainer.export(path)  # weights only (gathered to rank 0 when sharded)
         return {"checkpoint_bytes": size}
 
-    def prepare_estimated_checkpoint(self) -> None:
-        """Estimates of resume: the state a checkpoint would hold, made before tracking starts (it is on disk)."""
-        trainer = self.new_trainer()
-        trainer.train_update()
-        trainer.update = 1 + self.cfg.steady_updates
-        trainer.position = trainer.update * self.cfg.grad_accum
-        self._checkpoint = trainer.state_dict()
-
     def resume(self) -> dict:
-        # A fresh process: build, load the full checkpoint (weights_only=True), take one update.
+        # A fresh process: build, load the full checkpoint (weights_only=True), take one update. An estimate
+        # resumes in the same worker once the training state is gone (its fake tensors freed: the tracker is
+        # back to what a fresh process holds), from the checkpoint's shapes kept at save.
+        if self.fake:
+            self.trainer, self._batches = None, None
+            gc.collect()
         self.trainer = self.new_trainer()
         if self.fake:  # torch.load materialises every tensor of the file, then load_state_dict copies them in
             state = self._checkpoint
             if self.cfg.strategy == "fsdp":  # as Trainer.load: shards restored in place, the rest from the file
                 self.trainer.load_sharded(None)
                 state = {**state, "model": None, "optimizer": None, "grads": None}
-            loaded = _clone_tensors(state)
+            loaded = _materialise(state)
             self.trainer.load_state_dict(loaded)
             del loaded
         else:
@@ -252,8 +275,7 @@ class Pilot:
 
         out = {}
         for target in self.census_targets():
-            # An estimate's kernels are already in place; a measured run's census emulates each GPU target.
-            kernels = contextlib.nullcontext if self.fake else (lambda t=target: target_kernels(t))
+            kernels = lambda t=target: target_kernels(t)  # noqa: E731
             try:
                 with _disable_current_modes():
                     out[target] = census(self.workload, self.cfg, kernels)
@@ -262,9 +284,7 @@ class Pilot:
         return out
 
     def census_targets(self) -> list[str]:
-        """Estimates: their own target. On a CUDA GPU: its kernels. On a CPU: every GPU target."""
-        if self.fake:
-            return [self.cfg.target or "cpu"]
+        """A measured run's census targets: on a CUDA GPU, its kernels; on a CPU, every GPU target."""
         if self.device.type == "cuda":
             major, minor = torch.cuda.get_device_capability(self.device)
             return [kernel_target(f"{major}.{minor}")]
@@ -283,8 +303,6 @@ class Pilot:
         # Estimates for a GPU target run that GPU's attention, dropout and autocast (probes/kernels.py).
         with target_kernels(self.cfg.target if self.fake else None) as kernels, fake_mode:
             self.kernels = kernels
-            if self.fake and "resume" in phases:
-                self.prepare_estimated_checkpoint()
             with self.tracker if self.tracker is not None else contextlib.nullcontext():
                 for phase in phases:
                     if not self._run_phase(phase):
@@ -293,7 +311,7 @@ class Pilot:
 
     def _run_phase(self, phase: str) -> bool:
         self.emit("phase", phase)
-        if phase == "steady":  # counted before the phase's meter starts: a hang here is still steady's
+        if phase == "steady" and not self.fake:  # before the phase's meter starts: a hang here is still steady's
             self.census = self.count_work()
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         fields: dict = dict(self.meter.start())

@@ -382,8 +382,10 @@ def _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress
     if cfg.world_size > 1 and cfg.mode == "measured":
         return _run_config_ranks(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress)
     env: dict = {}
-    train, resume = PHASES[:-1], PHASES[-1:]
-    for phases in (train, resume):
+    # The resume phase runs in a fresh worker, as a restarted job would; an estimate holds no memory of its
+    # own, so it resumes in the same worker once its training state is dropped.
+    train, resume = (PHASES, ()) if cfg.mode == "estimated" else (PHASES[:-1], PHASES[-1:])
+    for phases in (p for p in (train, resume) if p):
         out = _run_worker(phases, cfg, workdir, run_id, probe_id, timeout_s,
                           on_line=lambda ln: ledger.append(Line(**ln)),
                           on_phase=lambda ph: progress(f"{tag} · {ph}"))
@@ -394,7 +396,7 @@ def _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress
             return False
         failed = [ln for ln in out.lines + [x.to_dict() for x in extra] if ln["verdict"] != Verdict.OK.value]
         if failed:
-            if phases is train:  # resume needs the checkpoint: not reached
+            if phases is train and resume:  # resume needs the checkpoint: not reached
                 cause = (failed[0]["phase"], failed[0]["verdict"])
                 ledger.extend(_missing_lines(cfg, resume, WorkerOutcome(), run_id, probe_id, env, cause))
             break

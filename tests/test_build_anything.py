@@ -12,7 +12,7 @@ from tests.conftest import ROOT, WORKLOADS
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from probes.pilot import TRAIN_WORKER_PHASES, Pilot  # noqa: E402
+from probes.pilot import Pilot  # noqa: E402
 
 
 def estimate(tmp_path, ref, params, target="sm80+", **kw):
@@ -21,9 +21,8 @@ def estimate(tmp_path, ref, params, target="sm80+", **kw):
     cfg = ProbeConfig(workload=ref, params_json=json.dumps(params, sort_keys=True), eval_seq_len=kw["seq_len"],
                       eval_micro_batch=kw["micro_batch"], mode="estimated", precision="bf16", target=target, **kw)
     lines = {}
-    for phases in (TRAIN_WORKER_PHASES, ("resume",)):
-        Pilot(cfg, str(tmp_path), lambda k, x: lines.__setitem__(x["phase"], x) if k == "line" else None,
-              "r", "p").run(phases)
+    Pilot(cfg, str(tmp_path), lambda k, x: lines.__setitem__(x["phase"], x) if k == "line" else None,
+          "r", "p").run(PHASES)
     return lines
 
 

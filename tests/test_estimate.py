@@ -10,7 +10,7 @@ from planner.grid import GridSpec
 from planner.ledger import read_lines
 from planner.memory_model import build_model
 from planner.records import PHASES, ProbeConfig
-from tests.conftest import ROOT
+from tests.conftest import ROOT, WORKLOADS
 
 pytest.importorskip("torch")
 from probes.pilot import TRAIN_WORKER_PHASES, Pilot  # noqa: E402
@@ -21,7 +21,8 @@ SMALL = {"layers": 2, "d_model": 64, "heads": 2, "vocab": 128}
 def pilot_lines(tmp_path, mode, ref="builtin:gpt", params=SMALL, **kw):
     cfg = ProbeConfig(workload=ref, params_json=json.dumps(params, sort_keys=True), mode=mode, **kw)
     lines = {}
-    for phases in (TRAIN_WORKER_PHASES, ("resume",)):
+    # as the runner does: a measured resume in a fresh worker, an estimate's in the same one
+    for phases in ((TRAIN_WORKER_PHASES, ("resume",)) if mode == "measured" else (PHASES,)):
         Pilot(cfg, str(tmp_path), lambda k, x: lines.__setitem__(x["phase"], x) if k == "line" else None,
               f"r-{mode}", "p").run(phases)
     return lines
@@ -108,3 +109,34 @@ print(json.dumps({{"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1
     model_bytes = res["params"] * 4
     assert res["peak"] > 4 * model_bytes  # weights + grads + AdamW state (+ activations), all fake
     assert res["rss"] < 2 * 2**30 < model_bytes / 8  # the process never held even a fraction of it
+
+
+@pytest.mark.parametrize("ref, params, ckpt", [
+    ("builtin:gpt", SMALL, True),
+    (f"{WORKLOADS}:conv_audio", {}, True),
+])
+def test_an_estimates_census_leaves_every_peak_unchanged(tmp_path, monkeypatch, ref, params, ckpt):
+    """The op census rides on an estimate's steady update: every figure of every phase must be what it is with
+    a pass-through mode in its place (FlopCounterMode once kept checkpointed recomputations alive)."""
+    import probes.pilot
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def run():
+        return pilot_lines(tmp_path, "estimated", ref, params, micro_batch=4, seq_len=512, eval_seq_len=512,
+                           checkpointing=ckpt)
+
+    with_census = run()
+    assert with_census["steady"]["flops_per_update"] > 0
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+        def profile(self):
+            return {"ops": [], "launches": 0, "flops": 0, "bytes": 0}
+
+    monkeypatch.setattr(probes.pilot, "OpCensus", PassThrough)
+    without = run()
+    for phase in PHASES:
+        for field in ("peak_allocated_bytes", "simulated_reserved_bytes", "baseline_allocated_bytes"):
+            assert with_census[phase][field] == without[phase][field], (phase, field)

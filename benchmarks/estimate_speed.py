@@ -1,0 +1,96 @@
+"""How long the whole estimate of a 7B-shaped model takes (all 7 phases, every worker), against torch's own
+MemTracker sizing one update of the same model under fake tensors, measured in the same run; and peak RSS.
+
+    python benchmarks/estimate_speed.py [--layers 32] [--out figures.json]
+
+Both run in fresh processes on this machine: ours through run_grid (the path `rentplan estimate` takes,
+forkserver start included), MemTracker on a model built under FakeTensorMode (its build is not timed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SHAPE = {"layers": 32, "d_model": 4096, "ffn": 11008, "heads": 32, "vocab": 32000}
+
+OURS = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+from planner.records import ProbeConfig
+from planner.ledger import read_lines
+from probes.runner import run_grid, start_workers
+cfg = ProbeConfig(params_json=json.dumps({shape!r}, sort_keys=True), micro_batch=1, seq_len=2048, eval_seq_len=2048,
+                  precision="bf16", mode="estimated", target="sm80+")
+t0 = time.perf_counter()
+run_grid([cfg], {ledger!r}, progress=lambda m: None)
+wall = time.perf_counter() - t0
+df = read_lines({ledger!r})
+print(json.dumps({{"wall_s": wall, "verdicts": sorted(set(df["verdict"])),
+                  "phase_s": dict(zip(df["phase"], df["seconds"].round(2))),
+                  "first_step_peak_bytes": int(df[df.phase == "first_step"]["peak_allocated_bytes"].iloc[0]),
+                  "children_max_rss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}}))
+"""
+
+MEMTRACKER = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+from probes.builtin import GPT
+w = GPT(**{shape!r})
+with FakeTensorMode(allow_non_fake_inputs=True):
+    model = w.build_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    batch = w.make_batch("train", 0, 1, 2048)
+    mt = MemTracker()
+    mt.track_external(model, opt)
+    t0 = time.perf_counter()
+    with mt:
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = w.compute_loss(model, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    seconds = time.perf_counter() - t0
+peak = sum(v for k, v in mt.get_tracker_snapshot("peak")[torch.device("cpu")].items() if k != "Total")
+print(json.dumps({{"update_s": seconds, "peak_bytes": peak,
+                  "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}}))
+"""
+
+
+def run(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--layers", type=int, default=SHAPE["layers"])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    shape = {**SHAPE, "layers": args.layers}
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = run(OURS.format(root=str(ROOT), shape=shape, ledger=str(Path(tmp) / "l.db")))
+    theirs = run(MEMTRACKER.format(root=str(ROOT), shape=shape))
+    figures = {"shape": shape, "rentplan_estimate_all_phases": ours, "memtracker_one_update": theirs,
+               "ratio_ours_over_memtracker": round(ours["wall_s"] / theirs["update_s"], 3),
+               "target_ratio": 0.5, "rss_target_bytes": 2**30}
+    print(json.dumps(figures, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
