@@ -449,3 +449,25 @@ def replay(events, config: AllocatorConfig | None = None, marks: dict[int, str] 
         elif ev[0] == "empty_cache":
             sim.empty_cache()
     return out
+
+
+def replay_cuda_trace(trace: list[dict], config: AllocatorConfig | None = None) -> dict:
+    """A real allocator's history (torch.cuda.memory._snapshot()['device_traces'][d], recorded from the
+    process's start with _record_memory_history) replayed through this model: the reserved peak the GPU
+    showed (segment_alloc / segment_map minus segment_free / segment_unmap) beside the model's, which sees
+    only the allocations and frees."""
+    sim = CachingAllocator(config)
+    real = real_peak = 0
+    for e in trace:
+        action = e.get("action")
+        if action == "alloc":
+            sim.malloc(e["addr"], e["size"], e.get("stream", 0))
+        elif action == "free_completed":
+            sim.free(e["addr"])
+        elif action in ("segment_alloc", "segment_map"):
+            real += e["size"]
+            real_peak = max(real_peak, real)
+        elif action in ("segment_free", "segment_unmap"):
+            real -= e["size"]
+    return {"real_peak_reserved": real_peak, "simulated_peak_reserved": sim.peak_reserved,
+            "simulated_peak_allocated": sim.peak_allocated}

@@ -24,6 +24,14 @@ CUBLAS_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
 NCCL_BYTES = int(1.6e9)
 
 
+def workspace_allocated_bytes(compute_capability: str | None, software: str = "cuda", arch: str | None = None) -> int:
+    """Allocated (not reserved) bytes of the BLAS workspaces: what a CUDA line's allocated peak holds after the
+    first matmul and an estimate does not."""
+    if software == "rocm":
+        return (128 * MiB if (arch or "").lower() in ("cdna3", "cdna4") else 32 * MiB) + 76 * MiB
+    return (32 * MiB if str(compute_capability) == "9.0" else CUBLAS_DEFAULT) + MiB
+
+
 def workspace_bytes(compute_capability: str | None, software: str = "cuda", arch: str | None = None) -> int:
     """Reserved bytes of the BLAS workspaces of one stream on this GPU."""
     if software == "rocm":

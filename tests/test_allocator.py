@@ -133,3 +133,20 @@ def test_replay_resets_peaks_at_each_phase_as_reset_peak_memory_stats_does():
 def test_unknown_options_are_refused_not_guessed():
     with pytest.raises(ValueError, match="roundup_power2_divisions"):
         AllocatorConfig.parse("roundup_power2_divisions:4")
+
+
+def test_a_cuda_memory_history_replays_beside_its_own_segments():
+    """The shape torch.cuda.memory._snapshot() gives (device_traces): the model sees allocs and frees; the real
+    reserved figure comes from the segment actions of the same trace."""
+    from planner.allocator import replay_cuda_trace
+
+    trace = [{"action": "segment_alloc", "addr": 0, "size": 20 * MiB, "stream": 0},
+             {"action": "alloc", "addr": 0, "size": 3 * MiB, "stream": 0},
+             {"action": "alloc", "addr": 3 * MiB, "size": 3 * MiB, "stream": 0},
+             {"action": "free_requested", "addr": 0, "size": 3 * MiB, "stream": 0},
+             {"action": "free_completed", "addr": 0, "size": 3 * MiB, "stream": 0},
+             {"action": "segment_alloc", "addr": 1 << 30, "size": 40 * MiB, "stream": 0},
+             {"action": "alloc", "addr": 1 << 30, "size": 40 * MiB, "stream": 0}]
+    out = replay_cuda_trace(trace)
+    assert out == {"real_peak_reserved": 60 * MiB, "simulated_peak_reserved": 60 * MiB,
+                   "simulated_peak_allocated": 43 * MiB}  # 3 live + 40

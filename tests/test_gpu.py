@@ -59,3 +59,30 @@ def test_estimated_memory_model_predicts_a_held_out_cuda_config(ledger_path):
     predicted = model.fits["first_step"].predict(2, 512)
     print(f"held-out first_step reserved: predicted {predicted / 2**20:.1f} MiB, measured {actual / 2**20:.1f} MiB")
     assert abs(predicted - actual) / actual < 0.10
+
+
+def test_an_estimate_for_this_gpus_kernels_matches_its_measured_allocated_peak(tmp_path):
+    """GPT-2-style attention dropout: the estimate runs flash / fused dropout / CUDA autocast as this GPU does."""
+    import torch
+
+    from planner.kernels import kernel_target
+    from probes.runner import run_grid
+
+    params = {"layers": 2, "d_model": 256, "heads": 4, "vocab": 8192, "dropout": 0.1}
+    major, minor = torch.cuda.get_device_capability(0)
+    target = kernel_target(f"{major}.{minor}")
+    base = dict(params_json=json.dumps(params, sort_keys=True), micro_batch=8, seq_len=1024, eval_seq_len=1024,
+                eval_micro_batch=8, precision="bf16")
+    measured, estimated = str(tmp_path / "m.db"), str(tmp_path / "e.db")
+    run_grid([ProbeConfig(device="cuda", **base)], measured, progress=lambda m: None)
+    run_grid([ProbeConfig(mode="estimated", target=target, **base)], estimated, progress=lambda m: None)
+    m, e = (read_lines(p).set_index("phase") for p in (measured, estimated))
+    from planner.overheads import workspace_allocated_bytes
+
+    ws = workspace_allocated_bytes(f"{major}.{minor}")  # cuBLAS keeps it from the first matmul on
+    for phase in PHASES:
+        extra = 0 if phase == "setup" else ws
+        ratio = (e.loc[phase, "peak_allocated_bytes"] + extra) / m.loc[phase, "peak_allocated_bytes"]
+        print(f"{phase}: estimated/measured allocated {ratio:.3f}; simulated/measured reserved "
+              f"{e.loc[phase, 'simulated_reserved_bytes'] / m.loc[phase, 'peak_reserved_bytes']:.3f}")
+        assert abs(ratio - 1) < 0.10, phase
