@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench gpu-check clean
+.PHONY: install demo test browser bench gpu-check clean
 
 $(BIN)/rentplan: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# Chromium for the order-sheet page test (Debian's package; needs root). Without it that test skips.
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
 bench: install
 	$(BIN)/python benchmarks/probe_overhead.py

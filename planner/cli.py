@@ -435,8 +435,8 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
 
 # ---------------------------------------------------------------- plan
 
-def example_campaign_path() -> Path:
-    return Path(__file__).resolve().parent / "examples" / "lr-comparison.yaml"
+def example_campaign_path(name: str = "lr-comparison.yaml") -> Path:
+    return Path(__file__).resolve().parent / "examples" / name
 
 
 def parse_days(text: str) -> list[int]:
@@ -497,9 +497,11 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
         click.echo(render(plans_view(result.plans, fmt), fmt))
         rec = recommend(result.sheet)
         if rec is not None:
+            from planner.units import fmt_usd
+
             click.echo(f"\nRecommended: {rec['offer']} ({rec['gpu']}, {rec['strategy']}, {rec['precision']}, "
-                       f"micro-batch {rec['micro_batch']} × accumulation {rec['grad_accum']}); "
-                       f"campaign ${rec['campaign_cost_usd_low']:,.2f}–${rec['campaign_cost_usd_high']:,.2f}.")
+                       f"micro-batch {rec['micro_batch']} × accumulation {rec['grad_accum']}); campaign "
+                       f"{fmt_usd(rec['campaign_cost_usd_low'])}–{fmt_usd(rec['campaign_cost_usd_high'])}.")
             click.echo(f"Strategy: {rec['strategy_why']}.")
     return result
 
@@ -534,7 +536,19 @@ def plan(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id
 
 # ---------------------------------------------------------------- demo
 
-DEMO_GRID = {"micro_batch": "1,2,4", "seq_len": "128,256", "eval_seq_len": "512", "precision": "bf16"}
+# The real pilot that proves the loop on this device: small, fast (fp32 on a CPU, where bf16 is emulated).
+DEMO_PILOT = {"workload": "builtin:gpt", "params": ["layers=2", "d_model=128", "heads=4", "vocab=1024"],
+              "micro_batch": "1,4", "seq_len": "128", "eval_seq_len": "256"}
+DEMO_CAMPAIGN = "gpt-1b-sweep.yaml"
+
+
+def demo_estimate_spec(campaign) -> GridSpec:
+    """The campaign's model, estimated for the catalog's sm80+ kernels at two micro-batches (a line in tokens)."""
+    spec = spec_from_options({"workload": campaign.workload, "micro_batch": "1,8", "seq_len": str(campaign.seq_len),
+                              "eval_seq_len": str(campaign.eval.seq_len), "precision": campaign.precision,
+                              "device": "cpu", "params": [f"{k}={v}" for k, v in campaign.params.items()]})
+    spec.mode, spec.targets = "estimated", ["sm80+"]
+    return spec
 
 
 @cli.command()
@@ -543,24 +557,40 @@ DEMO_GRID = {"micro_batch": "1,2,4", "seq_len": "128,256", "eval_seq_len": "512"
 @click.option("--device", default="auto", show_default=True)
 @friendly_errors
 def demo(ledger_path, out, device):
-    """Pilot the built-in gpt on this device, plan the bundled learning-rate comparison, write the order sheet."""
+    """A real pilot of the built-in gpt on this device (the loop works: every phase, resume included), then a
+    plan for a 1.3 B-parameter learning-rate sweep sized by estimate for each GPU, and its order sheet.
+
+    Example: rentplan demo --out rentplan-out"""
     from planner.campaign import load_campaign
 
-    campaign_path = example_campaign_path()
+    campaign_path = example_campaign_path(DEMO_CAMPAIGN)
     campaign = load_campaign(campaign_path)
-    opts = dict(DEMO_GRID, workload=campaign.workload, device=device,
-                params=[f"{k}={v}" for k, v in campaign.params.items()])
-    spec = spec_from_options(opts)
-    click.echo(f"rentplan demo: pilot of {campaign.workload} {campaign.params_json} on {spec.device}, "
-               f"then a plan for campaign '{campaign.name}' ({campaign_path.name}).", err=True)
-    result = run_probe(spec, ledger_path, 900.0, False)
-    if result.interrupted:
-        raise KeyboardInterrupt
+    pilot = spec_from_options({**DEMO_PILOT, "device": device})
+    pilot.precision = ["bf16" if pilot.device.startswith("cuda") else "fp32"]
+    estimate_spec = demo_estimate_spec(campaign)
+    progress(f"rentplan demo: 1) a real pilot of {DEMO_PILOT['workload']} on {pilot.device}; 2) estimates of "
+             f"'{campaign.name}' ({campaign_path.name}) for sm80+ kernels; 3) its plan and order sheet.")
+    for spec in (pilot, estimate_spec):
+        result = run_probe(spec, ledger_path, 900.0, False)
+        if result.interrupted:
+            raise KeyboardInterrupt
     df = read_lines(ledger_path)
-    df = df[df["config_key"].isin({c.key() for c in build_grid(spec)})]
-    click.echo("Pilot lines (measured on this device):")
-    click.echo(render(lines_view(df[df["phase"].isin(["first_step", "steady", "eval", "resume"])], "table"), "table"))
+    mine = df[df["config_key"].isin({c.key() for c in build_grid(pilot)})]
+    click.echo("1) The loop on this device (measured):")
+    click.echo(render(lines_view(mine[mine["phase"].isin(["first_step", "steady", "eval", "resume"])], "table"),
+                      "table"))
+    if len(mine) and (mine["verdict"] == "ok").all():
+        click.echo("every phase ran on this device, resume in a fresh process included (`rentplan overfit` and "
+                   "`rentplan resume-check` show that the loop learns and resumes exactly)")
+    else:
+        bad = mine[mine["verdict"] != "ok"]
+        click.echo(f"{len(bad)} phase(s) did not end ok: see `rentplan ledger show --verdict {bad['verdict'].iloc[0]}`")
+    est = df[df["config_key"].isin({c.key() for c in build_grid(estimate_spec)})]
+    click.echo(f"\n2) {campaign.name}: {len(est['run_id'].unique())} estimate(s), the need per phase "
+               f"(fake tensors, no memory touched):")
+    click.echo(render(lines_view(est[est["phase"].isin(["first_step", "eval", "resume"])], "table"), "table"))
     click.echo("")
+    click.echo("3) The plan:")
     plan_and_write(str(campaign_path), ledger_path, None, "3,7,30", 0.10, out, None, "table")
     click.echo(f"\nOrder sheet: {Path(out) / 'order_sheet.md'} (and .html); plans: {Path(out) / 'plans.csv'}; "
                f"budget: {Path(out) / 'budget.md'}; order: {Path(out) / 'order.json'}")

@@ -16,6 +16,7 @@ import pandas as pd
 from planner.records import PHASES
 
 EVAL_PHASES = {"eval"}
+MB_LIMIT, SEQ_LIMIT = 4096, 1 << 20  # where the max-dimension searches stop: at the limit means "at least"
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ def _text(df: pd.DataFrame, name: str) -> list[str]:
 
 
 def max_micro_batch(model: MemoryModel, seq_len: int, eval_micro_batch: int | None, eval_seq_len: int,
-                    budget_bytes: float, limit: int = 4096) -> tuple[int, bool]:
+                    budget_bytes: float, limit: int = MB_LIMIT) -> tuple[int, bool]:
     """Largest micro-batch whose need fits the budget at seq_len (0 if none); and whether extrapolated.
     The need never shrinks as the micro-batch grows (slopes are clamped at zero), so: grow, then bisect."""
     def fits(mb: int) -> bool:
@@ -228,7 +229,7 @@ def max_micro_batch(model: MemoryModel, seq_len: int, eval_micro_batch: int | No
     return lo, model.need(lo, seq_len, eval_micro_batch or lo, eval_seq_len).extrapolated
 
 
-def max_seq_len(model: MemoryModel, micro_batch: int, budget_bytes: float, limit: int = 1 << 20,
+def max_seq_len(model: MemoryModel, micro_batch: int, budget_bytes: float, limit: int = SEQ_LIMIT,
                 multiple: int = 64) -> tuple[int, bool]:
     """Largest seq_len (a multiple of `multiple`) that fits at micro_batch, eval at the same shape."""
     lo, hi = 0, limit // multiple

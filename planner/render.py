@@ -21,7 +21,7 @@ from planner.campaign import Campaign
 from planner.catalog import Catalog
 from planner.plans import recommend
 from planner.select import NO_FIT
-from planner.units import fmt_bytes, fmt_seconds
+from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
 
 _ENV: jinja2.Environment | None = None
 
@@ -81,7 +81,7 @@ def _num(x, fmt="{:.2f}") -> str:
 
 
 def _usd(x) -> str:
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"${x:,.2f}"
+    return fmt_usd(x)
 
 
 def _h2s(hours):
@@ -112,21 +112,45 @@ def _price(r) -> str:
     return _usd(r["price_per_hour_usd"]) + ("/h spot" if r["spot"] else "/h") + each
 
 
+def capacity(value, extrapolated: bool, at_limit: bool, limit: int) -> str:
+    """A max dimension: '≥ 4096 (search limit)' when the search stopped at its limit, '*' when extrapolated."""
+    if at_limit:
+        return f"≥ {limit:,} (search limit)"
+    return f"{value}{'*' if extrapolated else ''}"
+
+
+def need_text(r) -> str:
+    return f"{fmt_bytes(r['need_bytes'])}{'*' if r['need_extrapolated'] else ''}"
+
+
+def time_text(r) -> str:
+    """The range, and the point estimate where the model gives one."""
+    text = _range(r["update_s_low"], r["update_s_high"], fmt_seconds)
+    point = r.get("update_s_point")
+    if text and point is not None and not (isinstance(point, float) and math.isnan(point)):
+        text += f" (≈ {fmt_seconds(point)})"
+    return text
+
+
 def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
+    from planner.memory_model import MB_LIMIT, SEQ_LIMIT
+
     out = []
     for _, r in sheet.iterrows():
         out.append({
             "offer": r["offer"], "gpu": r["gpu"], "provider": r["provider"], "gpus": r["gpus_per_instance"],
             "price": _price(r),
-            "usable": fmt_bytes(r["usable_bytes"]), "need": fmt_bytes(r["need_bytes"]), "need_phase": r["need_phase"],
+            "usable": fmt_bytes(r["usable_bytes"]), "need": need_text(r), "need_phase": r["need_phase"],
             "headroom": f"{r['headroom_pct']:.0f}%", "verdict": r["verdict"],
-            "max_mb": f"{r['max_micro_batch']}{'*' if r['max_micro_batch_extrapolated'] else ''}",
-            "max_seq": f"{r['max_seq_len_at_mb1']}{'*' if r['max_seq_len_extrapolated'] else ''}",
+            "max_mb": capacity(r["max_micro_batch"], r["max_micro_batch_extrapolated"],
+                               r["max_micro_batch"] >= MB_LIMIT, MB_LIMIT),
+            "max_seq": capacity(r["max_seq_len_at_mb1"], r["max_seq_len_extrapolated"],
+                                r["max_seq_len_at_mb1"] >= SEQ_LIMIT, SEQ_LIMIT),
             "precision": r["precision"], "mb": r["micro_batch"], "accum": r["grad_accum"], "replicas": r["replicas"],
             "strategy": r["strategy"], "strategy_why": r["strategy_why"],
-            "update_time": _range(r["update_s_low"], r["update_s_high"], fmt_seconds),
+            "update_time": time_text(r),
             "per_variant": _range(_h2s(r["variant_hours_low"]), _h2s(r["variant_hours_high"]), fmt_seconds),
-            "hours": _range(r["campaign_hours_low"], r["campaign_hours_high"], lambda h: f"{h:.2f} h"),
+            "hours": _range(r["campaign_hours_low"], r["campaign_hours_high"], fmt_hours),
             "cost": _range(r["campaign_cost_usd_low"], r["campaign_cost_usd_high"], _usd),
             "as_of": r["as_of"], "notes": r["notes"],
         })
@@ -143,7 +167,7 @@ def plan_rows(plans: pd.DataFrame, limit_per_window: int = 5) -> list[dict]:
                 "days": int(d), "offer": r["offer"], "gpu": r["gpu"], "strategy": r["strategy"],
                 "marked": "★" if r["cheapest_for_priority_1"] else "",
                 "variants_in": r["variants_in"] or "—", "variants_out": r["variants_out"] or "—",
-                "hours": _range(r["hours_used_low"], r["hours_used_high"], lambda h: f"{h:.2f}"),
+                "hours": _range(r["hours_used_low"], r["hours_used_high"], fmt_hours),
                 "idle": f"{r['idle_hours']:.1f}", "cost": _range(r["cost_usd_low"], r["cost_usd_high"], _usd),
                 "held": _usd(r["cost_if_held_whole_window_usd"]),
             })
@@ -166,6 +190,7 @@ def stack_for(rec: pd.Series, lines: pd.DataFrame) -> dict:
 def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, budget: dict,
                   lines: pd.DataFrame, catalog: Catalog, headroom: float) -> dict:
     rec = recommend(sheet)
+    row = sheet_rows(sheet.loc[[rec.name]])[0] if rec is not None else None
     fitting = sheet[sheet["verdict"] != NO_FIT]
     prov = provenance(lines)
     modes = sorted({p["mode"] for p in prov})
@@ -181,33 +206,42 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
                      "seq_len": int(sheet["seq_len"].iloc[0]) if len(sheet) else None,
                      "seq_len_note": sheet.attrs.get("seq_len_note", ""), "precision": campaign.precision},
         "assumptions": [
-            f"fit: (need + {fmt_bytes(catalog.context_bytes)} CUDA context) × (1 + {headroom:.0%} headroom) ≤ usable "
-            f"memory; 'tight' fits with the headroom but not with twice it",
-            f"need = the largest phase peak: reserved where measured on CUDA, else allocated × "
-            f"{catalog.fragmentation_factor:g} (fragmentation); allocated and reserved are never added",
+            f"fit: (need + {fmt_bytes(catalog.context_bytes)} CUDA context + BLAS workspaces where not measured, + "
+            f"NCCL buffers on several GPUs) × (1 + {headroom:.0%} headroom) ≤ usable memory; 'tight' fits with the "
+            f"headroom but not with twice it (each row's context basis names what was added)",
+            f"need = the largest phase peak: reserved where measured on CUDA, else the reserved peak a model of "
+            f"CUDA's caching allocator gives for the run's own allocations, else (lines without that model) "
+            f"allocated × {catalog.fragmentation_factor:g}; allocated and reserved are never added",
+            "lines that size the campaign: one rule (measured on a GPU > estimated for the GPU's kernels > measured "
+            "on a CPU > estimated with CPU kernels; uncapped; newest per shape; nearest shapes); the runs used are "
+            "named under 'Rent this'",
             "time ranges: see each row's basis; plans and costs use the slow end of the range",
-            "* after a max micro-batch or sequence length: extrapolated beyond the probed range",
-        ] + (["estimated lines are computed with CPU kernels under fake tensors; CUDA-only kernels (flash "
-              "attention) may need less"] if "estimated" in modes else []),
+            "* after a need, a max micro-batch or a sequence length: extrapolated beyond the probed range; "
+            "'≥ N (search limit)': the search stopped at its limit, the GPU holds at least that",
+            "≈ after a time range: the point estimate inside it",
+        ] + (["estimated lines run under fake tensors with the kernels of their target (flash or memory-"
+              "efficient attention, fused dropout, CUDA's autocast policy); an estimate with CPU kernels says so in "
+              "its need basis"] if "estimated" in modes else []),
         "recommended": None if rec is None else {
             "offer": rec["offer"], "gpu": rec["gpu"], "provider": rec["provider"], "instance": rec["instance"] or "",
             "gpus": int(rec["gpus_per_instance"]), "price": _price(rec), "strategy_why": rec["strategy_why"],
-            "usable": fmt_bytes(rec["usable_bytes"]), "need": fmt_bytes(rec["need_bytes"]),
+            "usable": fmt_bytes(rec["usable_bytes"]), "need": row["need"],
             "need_phase": rec["need_phase"], "need_basis": rec["need_basis"], "headroom": f"{rec['headroom_pct']:.0f}%",
-            "max_mb": rec["max_micro_batch"], "max_seq": rec["max_seq_len_at_mb1"], "precision": rec["precision"],
+            "max_mb": row["max_mb"], "max_seq": row["max_seq"], "precision": rec["precision"],
             "mb": int(rec["micro_batch"]), "accum": int(rec["grad_accum"]), "replicas": int(rec["replicas"]),
             "examples_per_update": int(rec["examples_per_update"]), "strategy": rec["strategy"],
-            "verdict": rec["verdict"], "update_time": _range(rec["update_s_low"], rec["update_s_high"], fmt_seconds),
+            "verdict": rec["verdict"], "update_time": row["update_time"],
             "time_basis": rec["time_basis"],
             "per_variant": _range(_h2s(rec["variant_hours_low"]), _h2s(rec["variant_hours_high"]), fmt_seconds),
-            "hours": _range(rec["campaign_hours_low"], rec["campaign_hours_high"], lambda h: f"{h:.2f} h"),
+            "hours": _range(rec["campaign_hours_low"], rec["campaign_hours_high"], fmt_hours),
             "cost": _range(rec["campaign_cost_usd_low"], rec["campaign_cost_usd_high"], _usd),
             "as_of": rec["as_of"], "price_source": rec["price_source"], "notes": rec["notes"] or "—",
             "stack": stack_for(rec, lines), "unverified": rec["unverified"] or "none",
+            "context_basis": rec["context_basis"], "evidence": rec["evidence"], "run_ids": rec["run_ids"],
         },
         "rows": sheet_rows(fitting.head(12)),
         "n_fitting": int(len(fitting)), "n_offers": int(len(sheet)),
-        "not_fitting": [{"offer": r["offer"], "need": fmt_bytes(r["need_bytes"]), "usable": fmt_bytes(r["usable_bytes"])}
+        "not_fitting": [{"offer": r["offer"], "need": need_text(r), "usable": fmt_bytes(r["usable_bytes"])}
                         for _, r in sheet[sheet["verdict"] == NO_FIT].head(8).iterrows()],
         "plans": plan_rows(plans),
         "budget": budget_context(budget),
@@ -220,7 +254,7 @@ def budget_context(budget: dict) -> dict:
     return {
         "recommended": budget["recommended"] or "none",
         "per_variant": [{"variant": v["variant"], "priority": v["priority"],
-                         "hours": _range(v["hours_low"], v["hours_high"], lambda h: f"{h:.2f}"),
+                         "hours": _range(v["hours_low"], v["hours_high"], fmt_hours),
                          "cost": _range(v["cost_usd_low"], v["cost_usd_high"], _usd)} for v in budget["per_variant"]],
         "per_plan": [{"days": int(p["days"]), "offer": p["offer"], "variants_in": p["variants_in"] or "—",
                       "variants_out": p["variants_out"] or "—", "cost": _usd(p["cost_usd_high"]),

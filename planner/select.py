@@ -287,6 +287,10 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
     fsdp = fsdp_plan(campaign, fam, one_ctx + NCCL_BYTES, usable, headroom, gpus, catalog, seq, max(max_mb, 1),
                      sharded)
     if fsdp is not None:
+        if one["verdict"] != NO_FIT:  # one process fits; a DDP replica (+ buckets, NCCL) does not
+            fsdp["why"] = (f"FSDP × {fsdp['replicas']}: one process fits a GPU of {usable / 2**30:.0f} GiB but a DDP "
+                           f"replica does not (its gradient buckets and NCCL buffers come on top); sharded over "
+                           f"{fsdp['replicas']} GPUs the update fits, all GPUs working")
         return fsdp
     notes = ["model states and one example do not fit one GPU, nor sharded over this offer's GPUs: needs more "
              "or larger GPUs"]

@@ -49,5 +49,21 @@ def fmt_seconds(s: float | None) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def is_missing(x) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
+def fmt_hours(h: float | None) -> str:
+    """Hours in a unit that shows them: seconds and minutes below an hour."""
+    if h is None or (isinstance(h, float) and math.isnan(h)):
+        return ""
+    if h < 1 / 60:
+        return f"{h * 3600:.1f} s"
+    if h < 1:
+        return f"{h * 60:.1f} min"
+    return f"{h:.2f} h"
+
+
+def fmt_usd(x: float | None) -> str:
+    """Dollars; amounts under a dollar in cents, so that small costs do not all read $0.00."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    if 0 < abs(x) < 1:
+        return f"{x * 100:.2g}¢" if abs(x) < 0.01 else f"{x * 100:.1f}¢"
+    return f"${x:,.2f}"

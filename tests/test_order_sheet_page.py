@@ -30,7 +30,7 @@ def page(tmp_path_factory):
 def test_every_figure_is_inline_svg_with_a_caption(page):
     html = page.read_text()
     figures = re.findall(r"<figure class=\"chart\">(.*?)</figure>", html, re.S)
-    assert len(figures) == 3
+    assert len(figures) == 2  # memory and max micro-batch; no cost picture when every window costs the same
     for fig in figures:
         assert fig.lstrip().startswith("<svg") and "</svg>" in fig
         caption = re.search(r"<figcaption>(.*?)</figcaption>", fig, re.S).group(1)
@@ -42,15 +42,8 @@ def test_every_figure_is_inline_svg_with_a_caption(page):
 
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("chromium is not installed and this user cannot install it (needs root and apt-get)")
-    r = subprocess.run("apt-get update -qq && apt-get install -y -qq chromium", shell=True, capture_output=True,
-                       text=True, timeout=900)
-    found = shutil.which("chromium")
-    if r.returncode != 0 or not found:
-        pytest.skip(f"could not install chromium: {r.stderr[-300:]}")
+    if not found:
+        pytest.skip("no chromium: install it with `make browser` (Debian's package; .ci/run does this first)")
     return found
 
 
@@ -68,5 +61,9 @@ def test_page_loads_in_headless_chromium_with_every_picture(page, tmp_path):
     errors = [ln for ln in r.stderr.splitlines() if "Uncaught" in ln or ("CONSOLE" in ln and "ERROR" in ln)]
     assert not errors
     dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
-    assert dom.count("<svg") >= 3 and dom.count("<figcaption>") == 3  # the browser parsed every picture
-    Path(os.environ.get("RENTPLAN_SCREENSHOT", tmp_path / "keep.png")).write_bytes(shot.read_bytes())
+    figures = dom.count("<figcaption>")
+    assert dom.count("<svg") >= figures >= 2  # the browser parsed every picture (no cost picture: windows alike)
+    assert "planned shape" in dom  # the memory picture's first panel, as text in the SVG
+    assert re.search(r"<th>unverified catalog fields</th>", dom)
+    if os.environ.get("RENTPLAN_SCREENSHOT"):  # keep a copy only where asked (e.g. for the README picture)
+        Path(os.environ["RENTPLAN_SCREENSHOT"]).write_bytes(shot.read_bytes())

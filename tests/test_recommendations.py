@@ -158,3 +158,30 @@ def test_local_order_uses_the_campaign_shape_after_estimates_and_finds(real_ledg
     assert math.isfinite(plan["update_s_low"]) and math.isfinite(plan["update_s_high"])
     assert 0 < plan["update_s_low"] <= plan["update_s_high"]
     assert math.isfinite(plan["need_bytes"]) and plan["need_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_the_demo_shows_a_decision_worth_making(tmp_path):
+    """`rentplan demo`: a real pilot, then a 1.3 B campaign sized by estimate where the answer is not trivial."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    r = subprocess.run([sys.executable, "-m", "planner", "demo"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "every phase ran on this device" in r.stdout
+    sheet = pd.read_csv(tmp_path / "rentplan-out" / "selection.csv")
+    plans = pd.read_csv(tmp_path / "rentplan-out" / "plans.csv")
+    assert (sheet["verdict"] == "does not fit").any() and (sheet["verdict"] != "does not fit").any()
+    assert sheet[sheet["verdict"] != "does not fit"]["grad_accum"].nunique() > 1  # memory sets the accumulation
+    assert sheet["strategy"].str.startswith(("ddp", "fsdp")).any()
+    multi = sheet[(sheet["gpus_per_instance"] > 1) & (sheet["verdict"] != "does not fit")]
+    assert not multi["time_basis"].str.contains(r"all-reduce.*: 0\.0 ms", regex=True).any()
+    ddp = multi[multi["strategy_why"].str.contains("DDP")]
+    assert len(ddp) and not ddp["strategy_why"].str.contains(r"→ 0\.0 ms").any()
+    by_window = plans[plans["cheapest_for_priority_1"]].set_index("days")["variants_in"]
+    assert by_window.nunique() > 1 or plans.groupby("days")["variants_out"].apply(lambda s: s.notna().any()).any()
+    assert (tmp_path / "rentplan-out" / "order_sheet.html").is_file()
+    assert "$0.00 – $0.00" not in r.stdout

@@ -1,0 +1,112 @@
+"""What the sheet says matches what it chose (issue 12): stars, search limits, units, pictures' layout."""
+
+import pandas as pd
+import pytest
+
+from planner.campaign import load_campaign_text
+from planner.catalog import load_catalog
+from planner.ledger import read_lines
+from planner.planning import make_plan
+from planner.render import sheet_rows
+from planner.units import fmt_hours, fmt_usd
+from tests.factories import MiB, campaign_yaml, config, pilot_lines, write_ledger
+
+
+def test_small_durations_and_costs_show_in_units_that_show_them():
+    assert fmt_hours(0.0009) == "3.2 s" and fmt_hours(0.25) == "15.0 min" and fmt_hours(3) == "3.00 h"
+    assert fmt_usd(0.0034) == "0.34¢" and fmt_usd(0.25) == "25.0¢" and fmt_usd(12.5) == "$12.50"
+
+
+@pytest.fixture(scope="module")
+def tiny_plan(tmp_path_factory):
+    """A model so small that every GPU holds more than the search limit, planned from two measured points."""
+    lines = []
+    for mb in (1, 2):
+        cfg = config(micro_batch=mb, seq_len=128, eval_seq_len=128, eval_micro_batch=mb)
+        lines += pilot_lines(cfg, 10 * MiB + mb * 64 * 1024)
+    path = write_ledger(tmp_path_factory.mktemp("tiny") / "l.db", lines)
+    camp = load_campaign_text(campaign_yaml(seq_len=128, eval={"every_updates": 50, "examples": 64, "seq_len": 128}),
+                              "t")
+    return make_plan(camp, read_lines(path), load_catalog(), 0.10)
+
+
+def test_search_limits_are_never_shown_as_a_gpus_capacity(tiny_plan):
+    rows = sheet_rows(tiny_plan.sheet)
+    assert all(r["max_mb"].startswith("≥ 4,096 (search limit)") for r in rows)
+    assert all("search limit" in r["max_seq"] or r["max_seq"].rstrip("*").isdigit() for r in rows)
+    assert not any(r["max_mb"] == "4096" for r in rows)
+
+
+def test_extrapolated_needs_carry_their_star_in_every_output(tiny_plan, tmp_path):
+    from planner.render import write_outputs
+
+    sheet = tiny_plan.sheet
+    assert sheet["need_extrapolated"].any()  # micro-batch 16 from points at 1 and 2
+    star = [r for r in sheet_rows(sheet) if r["need"].endswith("*")]
+    assert star
+    camp = load_campaign_text(campaign_yaml(seq_len=128, eval={"every_updates": 50, "examples": 64, "seq_len": 128}),
+                              "t")
+    write_outputs(tmp_path, camp, sheet, tiny_plan.plans, tiny_plan.budget, tiny_plan.lines, load_catalog(), 0.10, None)
+    need = star[0]["need"]
+    for name in ("order_sheet.md", "order_sheet.html"):
+        assert need in (tmp_path / name).read_text(), name
+
+
+def test_the_html_sheet_has_every_row_of_the_markdown_one(tiny_plan, tmp_path):
+    import re
+
+    from planner.render import write_outputs
+
+    camp = load_campaign_text(campaign_yaml(seq_len=128, eval={"every_updates": 50, "examples": 64, "seq_len": 128}),
+                              "t")
+    write_outputs(tmp_path, camp, tiny_plan.sheet, tiny_plan.plans, tiny_plan.budget, tiny_plan.lines,
+                  load_catalog(), 0.10, None)
+    md, html = (tmp_path / "order_sheet.md").read_text(), (tmp_path / "order_sheet.html").read_text()
+    rent = md.split("## Rent this")[1].split("First command")[0]
+    for field in re.findall(r"^\| ([a-z][^|]*?) \|", rent, re.M):
+        assert f"<th>{field}</th>" in html, field
+    assert "white-space: nowrap" in html
+
+
+pytest.importorskip("matplotlib")
+
+
+def _boxes(fig):
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    return renderer
+
+
+def test_memory_picture_shows_the_planned_shape_first_and_hides_nothing(tiny_plan):
+    from planner.figures import memory_figure
+
+    fig, caption = memory_figure(tiny_plan.lines, tiny_plan.sheet)
+    renderer = _boxes(fig)
+    axes = fig.axes
+    assert axes[0].get_title().startswith("planned shape") and "checkpointing off" in axes[0].get_title()
+    legend = fig.legends[0].get_window_extent(renderer)
+    for ax in axes:
+        assert not legend.overlaps(ax.get_window_extent(renderer))  # the legend sits above, over no bar
+    labels = [t.get_window_extent(renderer) for t in axes[-1].texts]
+    assert len(labels) >= 2
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            assert not a.overlaps(b), "GPU labels overlap"
+    assert "planned shape" in caption
+
+
+def test_no_cost_picture_when_every_window_costs_the_same(tiny_plan):
+    from planner.figures import cost_figure
+
+    assert cost_figure(tiny_plan.plans) is None  # a tiny campaign: every window runs everything once
+    plans = tiny_plan.plans.copy()
+    plans.loc[plans["days"] == 3, "cost_usd_high"] = plans["cost_usd_high"] / 2
+    assert cost_figure(plans) is not None
+
+
+def test_max_micro_batch_picture_marks_search_limits(tiny_plan):
+    from planner.figures import max_mb_figure
+
+    fig, caption = max_mb_figure(tiny_plan.sheet)
+    assert any("search limit" in t.get_text() for t in fig.axes[0].texts)
+    assert "search limit" in caption
