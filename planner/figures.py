@@ -98,7 +98,9 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
     configs = [planned, *others]
     fig, axes = plt.subplots(1, len(configs), figsize=(5.2 * len(configs), 4.6), sharey=True, squeeze=False)
     gpus = sheet.drop_duplicates("gpu").sort_values("usable_bytes")
-    marks = pd.concat([gpus[gpus["verdict"] != "does not fit"].head(3), gpus[gpus["verdict"] == "does not fit"].tail(2)])
+    # The recommended GPU, the largest that do not fit, and the next sizes up from the recommended one.
+    bigger = gpus[gpus["usable_bytes"] > rec["usable_bytes"]].head(1)
+    marks = pd.concat([sheet.loc[[rec.name]], gpus[gpus["verdict"] == "does not fit"].tail(2), bigger])
     marks = marks.drop_duplicates("usable_bytes").sort_values("usable_bytes")
     has_reserved = bool(_reserved(ok).notna().any())
     simulated = not ok["peak_reserved_bytes"].notna().any()

@@ -50,14 +50,10 @@ def fmt_seconds(s: float | None) -> str:
 
 
 def fmt_hours(h: float | None) -> str:
-    """Hours in a unit that shows them: seconds and minutes below an hour."""
+    """Hours in a unit that shows them: below an hour, as fmt_seconds shows seconds and minutes."""
     if h is None or (isinstance(h, float) and math.isnan(h)):
         return ""
-    if h < 1 / 60:
-        return f"{h * 3600:.1f} s"
-    if h < 1:
-        return f"{h * 60:.1f} min"
-    return f"{h:.2f} h"
+    return f"{h:.2f} h" if h >= 1 else fmt_seconds(h * 3600)
 
 
 def fmt_usd(x: float | None) -> str:

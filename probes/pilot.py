@@ -148,7 +148,8 @@ class Pilot:
         self.workload = load_workload(cfg.workload, json.loads(cfg.params_json))
         self.env = environment(self.device)
         if self.fake:
-            self.env["device_name"] += " (FakeTensorMode: CPU kernels, no memory touched" + (
+            kernels = f"{cfg.target} kernels" if cfg.target and cfg.target != "cpu" else "CPU kernels"
+            self.env["device_name"] += f" (FakeTensorMode: {kernels}, no memory touched" + (
                 f"; rank 0 of {cfg.world_size} on a fake process group)" if cfg.world_size > 1 else ")")
         emit("env", self.env)
         self.tracker = (LiveTensorTracker(cfg.cap_bytes, track_resizes=cfg.strategy == "fsdp",

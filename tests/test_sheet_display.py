@@ -13,7 +13,7 @@ from tests.factories import MiB, campaign_yaml, config, pilot_lines, write_ledge
 
 
 def test_small_durations_and_costs_show_in_units_that_show_them():
-    assert fmt_hours(0.0009) == "3.2 s" and fmt_hours(0.25) == "15.0 min" and fmt_hours(3) == "3.00 h"
+    assert fmt_hours(0.0009) == "3.24 s" and fmt_hours(0.25) == "15.0 min" and fmt_hours(3) == "3.00 h"
     assert fmt_usd(0.0034) == "0.34¢" and fmt_usd(0.25) == "25.0¢" and fmt_usd(12.5) == "$12.50"
 
 
