@@ -4,7 +4,8 @@ MemTracker sizing one update of the same model under fake tensors, measured in t
     python benchmarks/estimate_speed.py [--layers 32] [--out figures.json]
 
 Both run in fresh processes on this machine: ours through run_grid (the path `rentplan estimate` takes,
-forkserver start included), MemTracker on a model built under FakeTensorMode (its build is not timed).
+forkserver start and warm-up included) and again in one warm process (every phase, and the process's peak
+RSS), MemTracker on a model built under FakeTensorMode (its build is not timed).
 """
 
 from __future__ import annotations
@@ -36,8 +37,21 @@ wall = time.perf_counter() - t0
 df = read_lines({ledger!r})
 print(json.dumps({{"wall_s": wall, "verdicts": sorted(set(df["verdict"])),
                   "phase_s": dict(zip(df["phase"], df["seconds"].round(2))),
-                  "first_step_peak_bytes": int(df[df.phase == "first_step"]["peak_allocated_bytes"].iloc[0]),
-                  "children_max_rss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}}))
+                  "first_step_peak_bytes": int(df[df.phase == "first_step"]["peak_allocated_bytes"].iloc[0])}}))
+"""
+
+IN_PROCESS = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+import probes.warm  # what the forkserver has loaded before a worker starts
+from planner.records import PHASES, ProbeConfig
+from probes.pilot import Pilot
+cfg = ProbeConfig(params_json=json.dumps({shape!r}, sort_keys=True), micro_batch=1, seq_len=2048, eval_seq_len=2048,
+                  precision="bf16", mode="estimated", target="sm80+")
+t0 = time.perf_counter()
+Pilot(cfg, {tmp!r}, lambda k, x: None, "r", "p").run(PHASES)
+print(json.dumps({{"all_phases_s": time.perf_counter() - t0,
+                  "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}}))
 """
 
 MEMTRACKER = """
@@ -83,9 +97,13 @@ def main() -> None:
     shape = {**SHAPE, "layers": args.layers}
     with tempfile.TemporaryDirectory() as tmp:
         ours = run(OURS.format(root=str(ROOT), shape=shape, ledger=str(Path(tmp) / "l.db")))
+        worker = run(IN_PROCESS.format(root=str(ROOT), shape=shape, tmp=tmp))
     theirs = run(MEMTRACKER.format(root=str(ROOT), shape=shape))
-    figures = {"shape": shape, "rentplan_estimate_all_phases": ours, "memtracker_one_update": theirs,
+    figures = {"shape": shape, "rentplan_estimate_all_phases": ours, "in_one_warm_worker": worker,
+               "memtracker_one_update": theirs,
                "ratio_ours_over_memtracker": round(ours["wall_s"] / theirs["update_s"], 3),
+               "ratio_warm_worker_over_memtracker": round(worker["all_phases_s"] / theirs["update_s"], 3),
+               "peak_agrees_with_memtracker": round(ours["first_step_peak_bytes"] / theirs["peak_bytes"], 6),
                "target_ratio": 0.5, "rss_target_bytes": 2**30}
     print(json.dumps(figures, indent=2))
     if args.out:
