@@ -19,6 +19,7 @@ install: $(BIN)/rentplan
 
 demo: install
 	$(BIN)/rentplan demo
+	@echo "The CLI is $(BIN)/rentplan (or: source $(BIN)/activate, then rentplan --help)."
 
 test: install
 	$(BIN)/python -m pytest -q
