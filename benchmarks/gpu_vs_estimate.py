@@ -78,7 +78,6 @@ def device_facts(device: str):
 
 
 def compare(measured, estimated, catalog, gpu, device: str) -> list[dict]:
-    import pandas as pd
 
     from planner.evidence import run_facts
     from planner.overheads import workspace_allocated_bytes, workspace_bytes

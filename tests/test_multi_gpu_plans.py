@@ -1,7 +1,6 @@
 """Offers with several GPUs (and several nodes): the strategy per offer and why, collectives timed from the
 catalog's links, per-GPU need from FSDP lines. Pure planner: no torch."""
 
-import dataclasses
 import math
 
 import pytest

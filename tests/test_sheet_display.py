@@ -1,6 +1,5 @@
 """What the sheet says matches what it chose (issue 12): stars, search limits, units, pictures' layout."""
 
-import pandas as pd
 import pytest
 
 from planner.campaign import load_campaign_text
