@@ -320,12 +320,23 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
         "budget.md": render_template("budget.md.j2", ctx),
     }
     if order is not None:
-        files["order.json"] = json.dumps(order, indent=2, default=_json_default)
+        files["order.json"] = json.dumps(_no_nan(order), indent=2, default=_json_default, allow_nan=False)
     written = []
     for name, text in files.items():
         atomic_write(out / name, text)
         written.append(out / name)
     return written
+
+
+def _no_nan(obj):
+    """Strict JSON: an unknown number is null, never NaN."""
+    if isinstance(obj, dict):
+        return {k: _no_nan(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_no_nan(v) for v in obj]
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    return obj
 
 
 def _json_default(x):
