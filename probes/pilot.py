@@ -207,7 +207,7 @@ class Pilot:
             self.meter.synchronize()  # GPU work is asynchronous: stop the clock only when it is done
             times.append(time.perf_counter() - t0)
             self.losses.append(res.loss)
-        work = census_fields(self.census)  # counted in a pass of its own, before any phase ran
+        work = census_fields(self.census)  # a measured run's: counted in a fake pass just before this phase
         if self.fake:  # nothing ran for real: no times, no losses
             return {**work, "loss_first": None, "loss_last": None,
                     "detail": f"estimated: one update under fake tensors with {self.kernel_note()} (no time measured)"}
@@ -242,7 +242,9 @@ class Pilot:
         # resumes in the same worker once the training state is gone (its fake tensors freed: the tracker is
         # back to what a fresh process holds), from the checkpoint's shapes kept at save.
         if self.fake:
-            self.trainer, self._batches = None, None
+            if self._checkpoint is None:
+                raise RuntimeError("an estimate resumes from the state its save phase kept: run save first")
+            self.trainer = None
             gc.collect()
         self.trainer = self.new_trainer()
         if self.fake:  # torch.load materialises every tensor of the file, then load_state_dict copies them in
