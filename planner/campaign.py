@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,14 +13,20 @@ from planner.yamlsafe import Problems, load_yaml_file, load_yaml_text
 
 TOP_KEYS = {"name", "workload", "params", "seq_len", "effective_batch", "updates", "eval", "export", "setup_hours",
             "stop_if", "variants", "precision", "optimizer", "checkpointing", "budget_usd", "headroom", "notes",
-            "compare", "micro_batch"}
-# What a variant may change: the declared variable (and its seed). Anything else would change what is compared.
-COMPARABLE = {"lr"}
-HELD_FIXED = TOP_KEYS - {"name", "variants", "budget_usd", "headroom", "notes", "setup_hours", "compare"}
+            "compare", "micro_batch", "lr", "diverge_above", "quality_target"}
+# What a variant may change: how the same question is computed (learning rate, and the memory fixes: a smaller
+# micro-batch with more accumulation, activation checkpointing, mixed precision), and its seed. Anything else
+# (architecture, data, effective batch, updates) would change the question, and is refused by name.
+VARIANT_SETTINGS = ("lr", "micro_batch", "checkpointing", "precision")
+HELD_FIXED = TOP_KEYS - {"name", "variants", "budget_usd", "headroom", "notes", "setup_hours", "compare",
+                         "diverge_above", "quality_target", *VARIANT_SETTINGS}
 EVAL_KEYS = {"every_updates", "examples", "seq_len", "micro_batch"}
-STOP_KEYS = {"nonfinite", "loss_above"}
-VARIANT_KEYS = {"id", "priority", "lr", "seed", "note"}
+STOP_KEYS = {"nonfinite", "loss_above", "diverged"}
+VARIANT_KEYS = {"id", "priority", "seed", "note", *VARIANT_SETTINGS}
+QUALITY_KEYS = {"metric", "max_worse"}
+QUALITY_METRICS = ("val_loss", "val_accuracy")
 EXPORTS = ("model", "adapter")
+DIVERGE_ABOVE = 10.0  # a loss above 10 × the run's first loss is divergence, whatever the stop rules say
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,17 @@ class Variant:
     priority: int = 1
     seed: int = 0
     note: str = ""
+    micro_batch: int | None = None  # None: the campaign's
+    checkpointing: bool | None = None
+    precision: str | None = None
+
+
+@dataclass(frozen=True)
+class QualityTarget:
+    """A variant holds the target when its seed-mean metric is at most `max_worse` (a fraction) worse than the
+    control's: val_loss ≤ control × (1 + max_worse), val_accuracy ≥ control × (1 − max_worse)."""
+    metric: str = "val_loss"
+    max_worse: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -59,25 +77,72 @@ class Campaign:
     optimizer: str = "adamw"
     checkpointing: bool = False
     budget_usd: float | None = None
-    stop_if: dict = field(default_factory=lambda: {"nonfinite": True})
+    # Stop rules decide only whether a run keeps going; divergence is judged whatever they say.
+    stop_if: dict = field(default_factory=lambda: {"nonfinite": True, "diverged": True})
     source: str = ""
     micro_batch: int | None = None
     compare: str = "lr"
+    diverge_above: float = DIVERGE_ABOVE
+    quality_target: QualityTarget | None = None
+    base_dir: str = "."  # the spec's folder: relative paths in the spec are read from here
 
     @property
     def params_json(self) -> str:
         return json.dumps(self.params, sort_keys=True)
 
+    @property
+    def control(self) -> Variant:
+        """The variant named `control`, else the first one declared."""
+        return next((v for v in self.variants if v.id == "control"), self.variants[0])
+
+    def setting(self, variant: Variant, key: str):
+        """A variant's value of one of VARIANT_SETTINGS, falling back to the campaign's."""
+        own = getattr(variant, key)
+        return own if own is not None else getattr(self, key)
+
+    def changed(self, variant: Variant) -> dict:
+        """What this variant sets differently from the control (besides its id and seed)."""
+        ctrl = self.control
+        return {k: self.setting(variant, k) for k in VARIANT_SETTINGS
+                if self.setting(variant, k) != self.setting(ctrl, k)}
+
 
 def load_campaign(path: str | Path) -> Campaign:
-    return parse_campaign(load_yaml_file(path, "campaign"), str(path))
+    return parse_campaign(load_yaml_file(path, "campaign"), str(path), str(Path(path).resolve().parent))
 
 
 def load_campaign_text(text: str, source: str) -> Campaign:
     return parse_campaign(load_yaml_text(text, source), source)
 
 
-def parse_campaign(data, source: str) -> Campaign:
+def resolve_path(text: str, base_dir: str) -> str:
+    """A relative path in a spec is read from the spec's folder, whatever the working folder is."""
+    p = Path(text).expanduser()
+    return str(p if p.is_absolute() else Path(base_dir) / p)
+
+
+def resolve_workload(ref: str, base_dir: str) -> str:
+    """`file.py:fn` and `hf:PATH` name files: relative ones are read from the spec's folder. Module references
+    (`package.module:fn`) and built-ins are left as they are."""
+    if ref.startswith("builtin:"):
+        return ref
+    if ref.startswith("hf:"):
+        return "hf:" + resolve_path(ref[3:], base_dir)
+    target, sep, func = ref.rpartition(":")
+    if sep and (target.endswith(".py") or "/" in target):
+        return f"{resolve_path(target, base_dir)}:{func}"
+    return ref
+
+
+FILE_PARAMS = ("data", "val_data")  # workload params that name files: read from the spec's folder too
+
+
+def resolve_params(params: dict, base_dir: str) -> dict:
+    return {k: (resolve_path(v, base_dir) if k in FILE_PARAMS and isinstance(v, str) else v)
+            for k, v in params.items()}
+
+
+def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
     p = Problems(source)
     if not isinstance(data, dict):
         p.add("", "a campaign must be a mapping (name:, workload:, variants: ...)")
@@ -104,14 +169,26 @@ def parse_campaign(data, source: str) -> Campaign:
         p.add("optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {data.get('optimizer')!r}")
     if data.get("checkpointing") is not None:
         p.boolean("checkpointing", data["checkpointing"])
-    if data.get("compare", "lr") not in COMPARABLE:
-        p.add("compare", f"the declared variable must be one of {', '.join(sorted(COMPARABLE))}, "
+    if data.get("compare", "lr") not in VARIANT_SETTINGS:
+        p.add("compare", f"the declared variable must be one of {', '.join(VARIANT_SETTINGS)}, "
                          f"got {data.get('compare')!r}")
     if data.get("micro_batch") is not None:
-        mb = p.number("micro_batch", data["micro_batch"], positive=True, integer=True)
-        eb = data.get("effective_batch")
-        if mb and isinstance(eb, int) and eb % int(mb):
-            p.add("micro_batch", f"{mb} does not divide effective_batch {eb}")
+        _micro_batch(p, "micro_batch", data["micro_batch"], data.get("effective_batch"))
+    if data.get("lr") is not None:
+        p.number("lr", data["lr"], positive=True)
+    if data.get("diverge_above") is not None:
+        k = p.number("diverge_above", data["diverge_above"], positive=True)
+        if k is not None and k <= 1:
+            p.add("diverge_above", f"must be above 1 (a multiple of the run's first loss), got {k}")
+    qt = data.get("quality_target")
+    if qt is not None and p.mapping("quality_target", qt, QUALITY_KEYS, "a mapping with metric and max_worse"):
+        p.require("quality_target", qt, ["metric", "max_worse"])
+        if qt.get("metric") is not None and qt["metric"] not in QUALITY_METRICS:
+            p.add("quality_target.metric", f"must be one of {', '.join(QUALITY_METRICS)}, got {qt['metric']!r}")
+        if qt.get("max_worse") is not None:
+            w = p.number("quality_target.max_worse", qt["max_worse"], positive=True, allow_zero=True)
+            if w is not None and w >= 1:
+                p.add("quality_target.max_worse", f"is a fraction of the control's metric (0.02 = 2 %), got {w}")
     ev = data.get("eval")
     if ev is not None and p.mapping("eval", ev, EVAL_KEYS, "a mapping with every_updates, examples, seq_len"):
         p.require("eval", ev, ["every_updates", "examples", "seq_len"])
@@ -120,8 +197,10 @@ def parse_campaign(data, source: str) -> Campaign:
                 p.number(f"eval.{key}", ev[key], positive=True, integer=True)
     stop = data.get("stop_if")
     if stop is not None and p.mapping("stop_if", stop, STOP_KEYS) is not None:
-        if "nonfinite" in stop:
-            p.boolean("stop_if.nonfinite", stop["nonfinite"])
+        if "nonfinite" in stop and p.boolean("stop_if.nonfinite", stop["nonfinite"]) is False:
+            p.add("stop_if.nonfinite", "a non-finite loss always ends a run (its weights are gone); remove the key")
+        if "diverged" in stop:
+            p.boolean("stop_if.diverged", stop["diverged"])
         if "loss_above" in stop:
             p.number("stop_if.loss_above", stop["loss_above"], positive=True)
     variants = data.get("variants")
@@ -137,11 +216,11 @@ def parse_campaign(data, source: str) -> Campaign:
                     continue
                 held = sorted(k for k in v if k in HELD_FIXED)
                 for k in held:
-                    p.add(f"{path}.{k}", f"a variant may change only the declared variable "
-                                         f"({data.get('compare', 'lr')}); changing {k} would make the comparison "
-                                         f"unfair (architecture, data, effective batch and updates stay as the control's)")
+                    p.add(f"{path}.{k}", f"a variant may change only {', '.join(VARIANT_SETTINGS)} and its "
+                                         f"seed; changing {k} would change the question (architecture, data, "
+                                         f"effective batch and updates stay as the control's)")
                 p.unknown_keys(path, {k: x for k, x in v.items() if k not in held}, VARIANT_KEYS)
-                p.require(path, v, ["id", "lr"])
+                p.require(path, v, ["id"] if data.get("lr") is not None else ["id", "lr"])
                 if v.get("id") is not None and p.text(f"{path}.id", v["id"]) is not None:
                     if v["id"] in ids:
                         p.add(f"{path}.id", f"duplicate variant id {v['id']!r}")
@@ -152,6 +231,12 @@ def parse_campaign(data, source: str) -> Campaign:
                     p.number(f"{path}.priority", v["priority"], positive=True, integer=True)
                 if v.get("seed") is not None:
                     p.number(f"{path}.seed", v["seed"], positive=True, allow_zero=True, integer=True)
+                if v.get("micro_batch") is not None:
+                    _micro_batch(p, f"{path}.micro_batch", v["micro_batch"], data.get("effective_batch"))
+                if v.get("checkpointing") is not None:
+                    p.boolean(f"{path}.checkpointing", v["checkpointing"])
+                if v.get("precision") is not None and v["precision"] not in PRECISIONS:
+                    p.add(f"{path}.precision", f"must be one of {', '.join(PRECISIONS)}, got {v['precision']!r}")
     p.raise_if_any(CampaignError)
     ev = data["eval"]
     return Campaign(
@@ -159,15 +244,36 @@ def parse_campaign(data, source: str) -> Campaign:
         effective_batch=_int(data["effective_batch"]), updates=_int(data["updates"]),
         eval=EvalSpec(_int(ev["every_updates"]), _int(ev["examples"]), _int(ev["seq_len"]),
                       _int(ev["micro_batch"]) if ev.get("micro_batch") else None),
-        variants=tuple(Variant(id=v["id"], lr=float(v["lr"]), priority=_int(v.get("priority") or 1),
-                               seed=_int(v.get("seed") or 0), note=str(v.get("note") or "")) for v in data["variants"]),
+        variants=tuple(Variant(id=v["id"], lr=float(v["lr"] if v.get("lr") is not None else data["lr"]),
+                               priority=_int(v.get("priority") or 1), seed=_int(v.get("seed") or 0),
+                               note=str(v.get("note") or ""),
+                               micro_batch=_int(v["micro_batch"]) if v.get("micro_batch") else None,
+                               checkpointing=bool(v["checkpointing"]) if v.get("checkpointing") is not None else None,
+                               precision=v.get("precision")) for v in data["variants"]),
         seq_len=_int(data["seq_len"]) if data.get("seq_len") else None, export=data.get("export", "model"),
         setup_hours=float(data.get("setup_hours", 1.0)), precision=data.get("precision", "bf16"),
         optimizer=data.get("optimizer", "adamw"), checkpointing=bool(data.get("checkpointing", False)),
         budget_usd=float(data["budget_usd"]) if data.get("budget_usd") else None,
-        stop_if=dict(data.get("stop_if") or {"nonfinite": True}), source=source,
-        micro_batch=_int(data["micro_batch"]) if data.get("micro_batch") else None, compare=data.get("compare", "lr"))
+        stop_if={"nonfinite": True, "diverged": True, **(data.get("stop_if") or {})}, source=source,
+        micro_batch=_int(data["micro_batch"]) if data.get("micro_batch") else None, compare=data.get("compare", "lr"),
+        diverge_above=float(data.get("diverge_above") or DIVERGE_ABOVE),
+        quality_target=QualityTarget(qt["metric"], float(qt["max_worse"])) if qt else None, base_dir=base_dir)
+
+
+def _micro_batch(p: Problems, path: str, value, effective_batch) -> None:
+    mb = p.number(path, value, positive=True, integer=True)
+    if mb and isinstance(effective_batch, int) and effective_batch % int(mb):
+        p.add(path, f"{int(mb)} does not divide effective_batch {effective_batch} (accumulation must be whole)")
 
 
 def _int(x) -> int:
     return int(float(x))  # validated above; numbers written as 1e3 arrive as strings
+
+
+def judge_loss(loss: float, first_loss: float | None, diverge_above: float) -> str | None:
+    """Why this update's loss is divergence, or None. Non-finite, or above k × the run's first loss."""
+    if not math.isfinite(loss):
+        return "non-finite loss"
+    if first_loss is not None and math.isfinite(first_loss) and first_loss > 0 and loss > diverge_above * first_loss:
+        return f"loss {loss:.4g} above {diverge_above:g} × the first loss {first_loss:.4g}"
+    return None

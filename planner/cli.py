@@ -808,7 +808,7 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
     import dataclasses as dc
 
     from planner.campaign import load_campaign
-    from probes.campaign import run_variant
+    from probes.campaign import device_start_up, run_variant
 
     camp = load_campaign(campaign_path)
     chosen = [v for v in camp.variants if not variant_ids or v.id in variant_ids]
@@ -818,11 +818,28 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
                          f"{', '.join(v.id for v in camp.variants)}.")
     if lr_override is not None:
         chosen = [dc.replace(v, lr=lr_override) for v in chosen]
+    if updates is not None and updates < 1:
+        raise InputError(f"--updates must be at least 1, got {updates}.")
+    seed_list = parse_list(seeds, int, "--seeds")
     dev = resolve_device(device)
+    start_up = device_start_up(dev)
+    progress(f"start-up: {dev} ready in {start_up:.2f} s (recorded with each run, not billed to any variant)")
+    outcomes = []
     for v in sorted(chosen, key=lambda v: v.priority):
-        for seed in parse_list(seeds, int, "--seeds"):
-            run_id = run_variant(camp, v, seed, ledger_path, out, dev, updates, progress=progress)
-            click.echo(f"{run_id}  {v.id}  lr {v.lr:g}  seed {seed}")
+        for seed in seed_list:
+            run_id, outcome = run_variant(camp, v, seed, ledger_path, out, dev, updates, progress=progress,
+                                          start_up_s=start_up)
+            outcomes.append(outcome)
+            click.echo(f"{run_id}  {v.id}  lr {v.lr:g}  seed {seed}  {outcome}")
+    n = len(outcomes)
+    counts = {k: outcomes.count(k) for k in ("finished", "diverged", "stopped", "error")}
+    summary = (f"{n} run{'s' if n != 1 else ''}: {counts['finished']} finished, {counts['diverged']} diverged, "
+               + (f"{counts['stopped']} stopped, " if counts["stopped"] else "")
+               + f"{counts['error']} error{'s' if counts['error'] != 1 else ''}")
+    click.echo(summary)
+    if counts["error"]:  # a divergence is a result; an error is not
+        raise InputError(f"{counts['error']} of {n} runs ended in an error (their events say why: "
+                         f"`rentplan campaign report --ledger {ledger_path}`).")
 
 
 def _campaign_frames(ledger_path: str, name: str | None):
@@ -842,20 +859,35 @@ def _campaign_frames(ledger_path: str, name: str | None):
 @click.option("--campaign", "name", default=None, help="campaign name (default: every run in the ledger)")
 @click.option("--price", "price_per_hour", default=None, type=float, help="USD per hour of the chosen offer")
 @click.option("--out", default=None, type=click.Path(file_okay=False), help="write report.html, curves.svg/png")
+@click.option("--predictions", "show_predictions", is_flag=True,
+              help="also show the predictions and targets kept at each validation point")
 @format_option
 @friendly_errors
-def campaign_report(ledger_path, name, price_per_hour, out, fmt):
-    """One row per variant (status, updates, final and best validation, time, cost) and a conclusion."""
+def campaign_report(ledger_path, name, price_per_hour, out, show_predictions, fmt):
+    """One row per variant (changes, status with earlier attempts, budget, quality, validation, time, cost)
+    and a conclusion.
+
+    Example: rentplan campaign report --ledger rentplan.db --predictions
+    """
     from planner.report import conclusion, run_table, variant_table
 
     runs, events, metrics, notes = _campaign_frames(ledger_path, name)
     table = run_table(runs, events, metrics)
     variants = variant_table(table, price_per_hour)
     said = conclusion(variants)
-    click.echo(render(variants, fmt))
+    shown = variants.drop(columns=["outcome", "all_finished"])
+    click.echo(render(shown, fmt))
+    if show_predictions:
+        with Ledger(ledger_path, create=False) as led:
+            preds = led.table("campaign_predictions")
+        preds = preds[preds["run_id"].isin(runs["run_id"])].drop(columns=["seq"])
+        preds = preds.merge(runs[["run_id", "variant", "seed"]], on="run_id")
+        click.echo("")
+        click.echo(render(preds[["variant", "seed", "run_id", "update_no", "item", "prediction", "target"]], fmt)
+                   if len(preds) else "no predictions kept (the workload has no predict())")
     if fmt in ("table", "markdown"):
         click.echo("")
-        click.echo(render(table.drop(columns=["detail", "started_at"]), fmt))
+        click.echo(render(table.drop(columns=["detail", "started_at", "outcome", "control", "quality_target"]), fmt))
         click.echo(f"\nConclusion: {said}")
         for n in notes.itertuples():
             click.echo(f"note {n.at}{f' [{n.run_id}]' if n.run_id else ''}: {n.text}")
@@ -952,8 +984,13 @@ def archive(target, folder, dest, ledger_path, out):
         "device": run["device_name"], "torch_version": run["torch_version"], "code_revision": run["code_revision"],
         "started_at": run["started_at"], "status": status, "dest": dest, "workload": cfg["workload"],
         "params": cfg["params_json"]})
+    with Ledger(ledger_path, create=False) as led:
+        rows = [{"table": t, **{k: (None if pd.isna(v) else v) for k, v in row.items() if k != "seq"}}
+                for t in ("campaign_runs", "campaign_events", "campaign_metrics", "campaign_predictions")
+                for row in (lambda df: df[df["run_id"] == target])(led.table(t)).to_dict(orient="records")]
     files = write_archive(Path(dest), run, Path(out) / target, metrics[metrics["run_id"] == target],
-                          events[events["run_id"] == target], notes[notes["run_id"].isin([target, None])], readme)
+                          events[events["run_id"] == target], notes[notes["run_id"].isin([target, None])], readme,
+                          rows)
     click.echo(f"archived {target} to {dest}: {', '.join(files)}")
 
 

@@ -38,6 +38,8 @@ TABLES = {
     "campaign_events": {"run_id": "TEXT", "event": "TEXT", "update_no": "INTEGER", "detail": "TEXT", "at": "TEXT"},
     "campaign_metrics": {"run_id": "TEXT", "update_no": "INTEGER", "kind": "TEXT", "loss": "REAL", "lr": "REAL",
                          "accuracy": "REAL", "seconds": "REAL", "at": "TEXT"},
+    "campaign_predictions": {"run_id": "TEXT", "update_no": "INTEGER", "item": "TEXT", "prediction": "TEXT",
+                             "target": "TEXT"},
     "notes": {"run_id": "TEXT", "text": "TEXT", "at": "TEXT"},
 }
 

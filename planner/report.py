@@ -4,6 +4,7 @@ and loss curves as SVG/PNG. Reads the ledger's campaign tables; no torch (matplo
 from __future__ import annotations
 
 import io
+import json
 import math
 import statistics
 
@@ -12,61 +13,193 @@ import pandas as pd
 from planner.errors import LedgerError
 
 
+def _config(run) -> dict:
+    try:
+        return json.loads(run.config_json or "{}")
+    except (TypeError, ValueError):
+        return {}
+
+
+def _run_status(ev: pd.DataFrame, trained: int) -> tuple[str, str]:
+    """(outcome, status text) of one run from its events: a divergence is kept even when the run went on."""
+    if ev.empty or set(ev["event"]) == {"started"}:
+        return "running or crashed", "running or crashed (no end event)"
+    div = ev[ev["event"] == "diverged"]
+    last = ev.iloc[-1]
+    if len(div):
+        at = int(div.iloc[0]["update_no"])
+        went_on = trained > at
+        return "diverged", f"diverged at update {at}" + (f" (ran on to update {trained})" if went_on else "")
+    if last["event"] == "stopped":
+        return "stopped", f"stopped at update {int(last['update_no'])} ({last['detail']})"
+    return str(last["event"]), str(last["event"])
+
+
 def run_table(runs: pd.DataFrame, events: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: status from its latest event, updates done, final/best validation loss, time."""
-    rows = []
+    """One row per run: status from its events, its budget, final/best validation, billed and set-up time."""
+    rows, attempts = [], {}
     for r in runs.itertuples():
         ev = events[events["run_id"] == r.run_id]
-        last = ev.iloc[-1] if len(ev) else None
         m = metrics[metrics["run_id"] == r.run_id]
         train, val = m[m["kind"] == "train"], m[m["kind"] == "val"]
-        status = "running or crashed" if last is None or last["event"] in ("started",) else last["event"]
-        if status == "diverged":
-            status = f"diverged at update {int(last['update_no'])}"
+        trained = int(train["update_no"].max()) if len(train) else 0
+        outcome, status = _run_status(ev, trained)
+        cfg = _config(r)
+        conf = cfg.get("config", {})
+        attempts[(r.variant, r.seed)] = attempts.get((r.variant, r.seed), 0) + 1
+        last = ev.iloc[-1] if len(ev) else None
         rows.append({
-            "run_id": r.run_id, "variant": r.variant, "seed": r.seed, "lr": r.lr, "status": status,
+            "run_id": r.run_id, "variant": r.variant, "seed": r.seed, "lr": r.lr,
+            "attempt": attempts[(r.variant, r.seed)], "outcome": outcome, "status": status,
             "detail": "" if last is None else last["detail"],
-            "updates": int(train["update_no"].max()) if len(train) else 0,
+            "changes": describe_changes(cfg.get("changes") or {}, conf),
+            "updates": trained, "planned_updates": int(cfg.get("updates") or trained),
+            "effective_batch": (conf["micro_batch"] * conf["grad_accum"]) if "micro_batch" in conf else None,
+            "control": cfg.get("control", "control"), "quality_target": cfg.get("quality_target"),
             "final_val_loss": float(val["loss"].iloc[-1]) if len(val) else None,
             "best_val_loss": float(val["loss"].min()) if len(val) else None,
             "final_val_accuracy": float(val["accuracy"].iloc[-1]) if len(val) and pd.notna(val["accuracy"].iloc[-1])
             else None,
-            "seconds": float(m["seconds"].sum()), "device": r.device_name, "started_at": r.started_at,
+            "seconds": float(m[m["kind"] != "setup"]["seconds"].sum()),  # billed: training, evaluation, export
+            "setup_s": float(m[m["kind"] == "setup"]["seconds"].sum()),  # building the model: its own figure
+            "device": r.device_name, "started_at": r.started_at,
         })
     return pd.DataFrame(rows)
+
+
+def describe_changes(changes: dict, conf: dict) -> str:
+    """What a variant sets differently from the control, in words ('' for the control itself)."""
+    words = []
+    for key, value in changes.items():
+        if key == "micro_batch":
+            words.append(f"micro_batch {value} (accumulation {conf.get('grad_accum', '?')})")
+        elif key == "checkpointing":
+            words.append(f"checkpointing {'on' if value else 'off'}")
+        elif key == "lr":
+            words.append(f"lr {value:g}")
+        else:
+            words.append(f"{key} {value}")
+    return ", ".join(words)
+
+
+def _mean(values) -> float | None:
+    xs = [x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return statistics.mean(xs) if xs else None
 
 
 def variant_table(runs: pd.DataFrame, price_per_hour: float | None = None) -> pd.DataFrame:
-    """Seeds of a variant as mean ± spread (sample std); the latest attempt per (variant, lr, seed) counts."""
+    """One row per variant: the latest attempt per seed counts (seeds as mean ± sample std, never best-of);
+    earlier attempts stay visible in the status; runs of another budget are marked not comparable."""
+    ref = _reference_budget(runs)
     rows = []
-    for (variant, lr), g in runs.groupby(["variant", "lr"], sort=False):
+    for variant, g in runs.groupby("variant", sort=False):
         latest = g.groupby("seed").tail(1)
         finals = [x for x in latest["final_val_loss"] if x is not None and not math.isnan(x)]
-        finished = latest["status"].eq("finished")
-        statuses = sorted(set(latest["status"]))
+        outcomes = sorted(set(latest["outcome"]))
+        earlier = g.drop(latest.index)
+        status = ", ".join(sorted(set(latest["status"])))
+        if len(earlier):
+            status += f" on attempt {int(latest['attempt'].max())}; " + "; ".join(
+                f"attempt {int(e.attempt)} (lr {e.lr:g}{f', seed {e.seed}' if latest['seed'].nunique() > 1 else ''})"
+                f" {e.status}" for e in earlier.itertuples())
         rows.append({
-            "variant": variant, "lr": lr, "seeds": len(latest), "status": ", ".join(statuses),
-            "updates": int(latest["updates"].max()),
+            "variant": variant, "changes": latest["changes"].iloc[-1], "lr": float(latest["lr"].iloc[-1]),
+            "seeds": len(latest), "status": status, "outcome": ", ".join(outcomes),
+            "updates": int(latest["updates"].max()), "comparable": _comparable(latest, ref),
             "final_val_loss_mean": statistics.mean(finals) if finals else None,
             "final_val_loss_spread": statistics.stdev(finals) if len(finals) > 1 else (0.0 if finals else None),
-            "best_val_loss_mean": statistics.mean([x for x in latest["best_val_loss"] if x is not None] or [math.nan]),
-            "all_finished": bool(finished.all()),
-            "hours": latest["seconds"].sum() / 3600,
+            "best_val_loss_mean": _mean(latest["best_val_loss"]),
+            "final_val_accuracy_mean": _mean(latest["final_val_accuracy"]),
+            "all_finished": bool(latest["outcome"].eq("finished").all()),
+            "hours": latest["seconds"].sum() / 3600, "setup_s": float(latest["setup_s"].sum()),
             "cost_usd": (latest["seconds"].sum() / 3600 * price_per_hour) if price_per_hour else None,
             "attempts": len(g),
         })
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    table.insert(table.columns.get_loc("comparable") + 1, "quality", _quality(table, runs))
+    table.attrs["quality_target"] = _target(runs)
+    table.attrs["control"] = runs["control"].iloc[-1] if len(runs) else "control"
+    return table
 
 
-def conclusion(variants: pd.DataFrame, control: str = "control") -> str:
-    """A sentence someone can reread: who is best, who diverged, whether the spread allows a call."""
+def _target(runs: pd.DataFrame) -> dict | None:
+    return next((t for t in reversed(list(runs["quality_target"])) if t), None) if len(runs) else None
+
+
+def _reference_budget(runs: pd.DataFrame) -> tuple[int, int | None] | None:
+    """The budget every compared run must share: the control's (its latest attempts), else the commonest."""
+    if runs.empty:
+        return None
+    control = runs["control"].iloc[-1]
+    pool = runs[runs["variant"] == control]
+    pool = (pool if len(pool) else runs).groupby("seed").tail(1)
+    pairs = list(zip(pool["planned_updates"], pool["effective_batch"]))
+    return max(set(pairs), key=pairs.count)
+
+
+def _comparable(latest: pd.DataFrame, ref) -> str:
+    if ref is None:
+        return "yes"
+    updates, eb = ref
+    for r in latest.itertuples():
+        if r.planned_updates != updates:
+            return f"not comparable: {r.planned_updates} of {updates} updates"
+        if eb is not None and r.effective_batch is not None and r.effective_batch != eb:
+            return f"not comparable: effective batch {r.effective_batch}, the control's {eb}"
+    return "yes"
+
+
+def _quality(table: pd.DataFrame, runs: pd.DataFrame) -> list[str | None]:
+    """holds | fails: why | not comparable | no control | control, judged against the control's seed mean."""
+    target = _target(runs)
+    if not target:
+        return [None] * len(table)
+    control = runs["control"].iloc[-1]
+    metric, worse = target["metric"], float(target["max_worse"])
+    column = {"val_loss": "final_val_loss_mean", "val_accuracy": "final_val_accuracy_mean"}[metric]
+    ctrl = table[table["variant"] == control]
+    base = ctrl[column].iloc[0] if len(ctrl) and ctrl["all_finished"].iloc[0] else None
+    out = []
+    for r in table.itertuples():
+        value = getattr(r, column)
+        if r.variant == control:
+            out.append("control")
+        elif r.comparable != "yes":
+            out.append("not comparable")
+        elif not r.all_finished:
+            out.append(f"fails: {r.outcome}")
+        elif base is None or pd.isna(base):
+            out.append("no control (no finished control run to judge against)")
+        elif value is None or pd.isna(value):
+            out.append(f"not comparable: no {metric}")
+        else:
+            rel = (value - base) / base if metric == "val_loss" else (base - value) / base
+            verdict = "holds" if rel <= worse else (f"fails: {metric} {value:.4g} vs the control's {base:.4g} "
+                                                    f"({rel:+.1%} worse, at most {worse * 100:g} % allowed)")
+            out.append(verdict)
+    return out
+
+
+def conclusion(variants: pd.DataFrame, control: str | None = None) -> str:
+    """A sentence someone can reread: who is best, who diverged, whether the spread allows a call, which runs
+    were not comparable, what earlier attempts did, and whether the quality target holds."""
     if variants.empty:
         raise LedgerError("no campaign runs to report; run `rentplan campaign run` first.")
+    control = control or variants.attrs.get("control", "control")
     parts = []
     for r in variants.itertuples():
-        if "diverged" in r.status:
+        if r.attempts > 1 and "on attempt" in r.status:
+            parts.append(f"{r.variant} {r.status}")
+        elif "diverged" in r.outcome:
             parts.append(f"{r.variant} (lr {r.lr:g}) {r.status.split(', ')[0]}")
-    done = variants[variants["all_finished"] & variants["final_val_loss_mean"].notna()]
+        if r.comparable != "yes":
+            parts.append(f"{r.variant} is {r.comparable} (left out of the comparison)")
+    done = variants[variants["all_finished"] & variants["final_val_loss_mean"].notna()
+                    & variants["comparable"].eq("yes")]
+    judged = variants[variants["quality"].notna() & ~variants["quality"].isin(["control"])]
+    if len(judged):
+        parts.append(f"quality target ({_target_words(variants)}): " + ", ".join(
+            f"{r.variant} {r.quality.split(':')[0]}" for r in judged.itertuples()))
     if done.empty:
         return "; ".join(parts + ["no variant finished"]) + "."
     best = done.sort_values("final_val_loss_mean").iloc[0]
@@ -87,6 +220,14 @@ def conclusion(variants: pd.DataFrame, control: str = "control") -> str:
     else:
         parts.insert(0, f"{best['variant']} has the lowest final validation loss ({best['final_val_loss_mean']:.4g})")
     return "; ".join(parts) + "."
+
+
+def _target_words(variants: pd.DataFrame) -> str:
+    t = variants.attrs.get("quality_target") or {}
+    if not t:
+        return "against the control"
+    word = "worse" if t["metric"] == "val_loss" else "lower"
+    return f"{t['metric']} at most {t['max_worse'] * 100:g} % {word} than the control's seed mean"
 
 
 def curves_figure(runs: pd.DataFrame, metrics: pd.DataFrame, fmt: str = "svg") -> bytes:

@@ -81,6 +81,9 @@ def split_frame(df: pd.DataFrame, by: str | None, ratios: tuple[float, ...], tim
     else:
         assign, dropped = _group_split(df, by, ratios, names, seed), 0
     parts = {n: df[assign == n] for n in names}
+    empty = [n for n, r in zip(names, ratios) if r > 0 and parts[n].empty]
+    if empty:
+        raise InputError(_empty_split_message(empty, df, by, time, gap, dropped, notes))
     report = pd.DataFrame([{
         "split": n, "rows": len(parts[n]), "row_fraction": round(len(parts[n]) / max(1, len(df)), 4),
         "target_fraction": r, "groups": int(parts[n][by].nunique()) if by else None,
@@ -88,6 +91,22 @@ def split_frame(df: pd.DataFrame, by: str | None, ratios: tuple[float, ...], tim
         "time_max": parts[n][time].max() if time and len(parts[n]) else None,
     } for n, r in zip(names, ratios)])
     return SplitResult(parts, report, dropped, notes)
+
+
+def _empty_split_message(empty, df, by, time, gap, dropped, notes) -> str:
+    """Why a split would be empty, and what to change: nothing is written."""
+    why = "; ".join(notes) if notes else f"{len(df)} rows in {df[by].nunique() if by else len(df)} " \
+                                          f"{'groups' if by else 'rows'} cannot fill every split"
+    fixes = []
+    if gap:
+        fixes.append("a smaller --gap")
+    if time and by:
+        fixes.append(f"--by {by} without --time (whole groups, no time order) or --time without --by")
+    fixes.append("other --ratios")
+    if by:
+        fixes.append("more groups in the data")
+    return (f"{' and '.join(empty)} would be empty ({why}; {dropped} of {len(df)} rows dropped). Nothing was "
+            f"written. Try {', or '.join(fixes)}.")
 
 
 def _group_split(df, by, ratios, names, seed) -> pd.Series:

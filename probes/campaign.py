@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import subprocess
 import time
 from datetime import datetime, timezone
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from planner.archive import sha256
-from planner.campaign import Campaign, Variant
+from planner.campaign import Campaign, Variant, judge_loss, resolve_params, resolve_workload
 from planner.ledger import Ledger, new_id
 from planner.records import ProbeConfig
 from probes.loop import NonFinite, Trainer, to_device
@@ -28,38 +29,79 @@ from probes.pilot import environment, last_line
 from probes.workloads import load_workload
 
 CONTROL_EXAMPLES = 4
+PREDICTIONS_KEPT = 32  # (prediction, target) pairs kept per validation point: enough to read, bounded
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def code_revision() -> str:
+def code_revision(source: str | Path | None = None) -> str:
+    """The revision of the workload's own folder: its git commit (with -dirty when it has changes), else the
+    sha256 of the workload's source file, else 'builtin' for rentplan's own workloads."""
+    if source is None:
+        return "builtin (rentplan " + _own_version() + ")"
+    src = Path(source)
+    folder = src if src.is_dir() else src.parent
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10)
+        rev = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
         if rev.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--", "."],
+                                   capture_output=True, text=True, timeout=10)
             return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    return "unknown (not a git checkout)"
+    if src.is_file():
+        return f"sha256:{sha256(src)} (no git repository at {folder})"
+    return f"unknown ({src} is neither a git checkout nor a file)"
+
+
+def _own_version() -> str:
+    from planner import __version__
+
+    return __version__
+
+
+def workload_source(ref: str) -> Path | None:
+    """The file a workload reference loads: file.py:fn, a module's file, or hf:'s config.json; None for built-ins."""
+    if ref.startswith("builtin:"):
+        return None
+    if ref.startswith("hf:"):
+        p = Path(ref[3:])
+        return p / "config.json" if p.is_dir() else p
+    target = ref.rsplit(":", 1)[0]
+    if target.endswith(".py") or "/" in target:
+        return Path(target)
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(target)
+    except (ImportError, ValueError):
+        return None
+    return Path(found.origin) if found is not None and found.origin else None
 
 
 def variant_config(campaign: Campaign, variant: Variant, device: str) -> ProbeConfig:
-    mb = campaign.micro_batch or max(d for d in range(1, min(8, campaign.effective_batch) + 1)
-                                     if campaign.effective_batch % d == 0)
-    return ProbeConfig(workload=campaign.workload, params_json=campaign.params_json, micro_batch=mb,
-                       seq_len=campaign.seq_len or 128, eval_seq_len=campaign.eval.seq_len,
+    """The variant's configuration: its own micro-batch (accumulation rises to hold the effective batch),
+    checkpointing and precision where it sets them, the campaign's otherwise."""
+    mb = campaign.setting(variant, "micro_batch") or max(
+        d for d in range(1, min(8, campaign.effective_batch) + 1) if campaign.effective_batch % d == 0)
+    return ProbeConfig(workload=resolve_workload(campaign.workload, campaign.base_dir),
+                       params_json=json.dumps(resolve_params(campaign.params, campaign.base_dir), sort_keys=True),
+                       micro_batch=mb, seq_len=campaign.seq_len or 128, eval_seq_len=campaign.eval.seq_len,
                        eval_micro_batch=campaign.eval.micro_batch or mb, grad_accum=campaign.effective_batch // mb,
-                       precision=campaign.precision, checkpointing=campaign.checkpointing,
+                       precision=campaign.setting(variant, "precision"),
+                       checkpointing=bool(campaign.setting(variant, "checkpointing")),
                        optimizer=campaign.optimizer, lr=variant.lr, device=device)
 
 
-def evaluate(trainer: Trainer, campaign: Campaign) -> tuple[float, float | None]:
-    """Mean validation loss over the campaign's eval examples (and accuracy when predict() exists)."""
+def evaluate(trainer: Trainer, campaign: Campaign) -> tuple[float, float | None, list[dict]]:
+    """Mean validation loss over the campaign's eval examples, accuracy when predict() exists, and the first
+    PREDICTIONS_KEPT (item, prediction, target) triples of the pass."""
     ev, w = campaign.eval, trainer.workload
     mb = ev.micro_batch or trainer.cfg.micro_batch
-    losses, right, total = [], 0, 0
+    losses, right, total, kept = [], 0, 0, []
     trainer.model.eval()
     try:
         with torch.no_grad():
@@ -71,9 +113,14 @@ def evaluate(trainer: Trainer, campaign: Campaign) -> tuple[float, float | None]
                         pred, target = w.predict(trainer.model, b)
                         right += int((pred == target).sum())
                         total += int(target.numel())
+                        pairs = zip(pred.reshape(-1).tolist(), target.reshape(-1).tolist())
+                        for k, (p, t) in enumerate(pairs):
+                            if len(kept) >= PREDICTIONS_KEPT:
+                                break
+                            kept.append({"item": f"val batch {i} #{k}", "prediction": str(p), "target": str(t)})
     finally:
         trainer.model.train()
-    return sum(losses) / len(losses), (right / total if total else None)
+    return sum(losses) / len(losses), (right / total if total else None), kept
 
 
 def control_outputs(trainer: Trainer) -> dict:
@@ -88,9 +135,41 @@ def control_outputs(trainer: Trainer) -> dict:
     return out
 
 
+def device_start_up(device: str) -> float:
+    """Seconds to make the device ready (context, first kernels, allocator): paid once per `campaign run`,
+    reported on its own and billed to no variant."""
+    t0 = time.perf_counter()
+    dev = torch.device(device)
+    x = torch.ones(256, 256, device=dev)
+    float((x @ x).sum())
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter() - t0
+
+
+def snapshot_inputs(campaign: Campaign, cfg: ProbeConfig, run_dir: Path) -> dict:
+    """Copy the spec and the workload's source into the run's folder as they are now (the archive ships these
+    copies, not whatever the files hold later); return their names and sha256."""
+    kept = {}
+    spec = Path(campaign.source)
+    if spec.is_file():
+        (run_dir / "spec").mkdir(exist_ok=True)
+        shutil.copy2(spec, run_dir / "spec" / spec.name)
+        kept["spec"] = {"file": f"spec/{spec.name}", "sha256": sha256(spec)}
+    src = workload_source(cfg.workload)
+    if src is not None and src.is_file():
+        (run_dir / "workload").mkdir(exist_ok=True)
+        shutil.copy2(src, run_dir / "workload" / src.name)
+        kept["workload"] = {"file": f"workload/{src.name}", "sha256": sha256(src)}
+    return kept
+
+
 def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: str, out_dir: str,
-                device: str = "cpu", updates: int | None = None, progress=print) -> str:
-    """Train one variant with one seed; returns its run id. Lines go to the ledger as they happen."""
+                device: str = "cpu", updates: int | None = None, progress=print,
+                start_up_s: float | None = None) -> tuple[str, str]:
+    """Train one variant with one seed; returns (run id, outcome: finished | diverged | stopped | error).
+    Lines go to the ledger as they happen. Divergence (non-finite, or loss above diverge_above × the first
+    loss) is judged on every update whatever the stop rules say; the stop rules decide whether it goes on."""
     updates = updates or campaign.updates
     run_id = new_id("c")
     cfg = variant_config(campaign, variant, device)
@@ -98,46 +177,72 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
     env = environment(dev)
     run_dir = Path(out_dir) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
+    inputs = snapshot_inputs(campaign, cfg, run_dir)
+    src = workload_source(cfg.workload)
     with Ledger(ledger_path) as led:
         led.add("campaign_runs", {"run_id": run_id, "campaign": campaign.name, "variant": variant.id, "seed": seed,
-                                  "lr": variant.lr, "config_json": json.dumps({"campaign": campaign.source,
-                                                                               "config": dataclasses.asdict(cfg),
-                                                                               "updates": updates}),
+                                  "lr": variant.lr, "config_json": json.dumps({
+                                      "campaign": campaign.source, "config": dataclasses.asdict(cfg),
+                                      "updates": updates, "planned_updates": campaign.updates,
+                                      "effective_batch": campaign.effective_batch, "control": campaign.control.id,
+                                      "changes": campaign.changed(variant), "inputs": inputs,
+                                      "quality_target": dataclasses.asdict(campaign.quality_target)
+                                      if campaign.quality_target else None,
+                                      "diverge_above": campaign.diverge_above, "stop_if": campaign.stop_if,
+                                      "device_start_up_s": start_up_s}),
                                   "device": env["device"], "device_name": env["device_name"],
-                                  "torch_version": env["torch_version"], "code_revision": code_revision(),
+                                  "torch_version": env["torch_version"], "code_revision": code_revision(src),
                                   "started_at": _now()})
-        led.add("campaign_events", {"run_id": run_id, "event": "started", "update_no": 0, "detail": "", "at": _now()})
 
         def event(name: str, update: int, detail: str = "") -> None:
             led.add("campaign_events", {"run_id": run_id, "event": name, "update_no": update, "detail": detail,
                                         "at": _now()})
 
+        def metric(kind: str, update: int, seconds: float, loss=None, lr=None, accuracy=None) -> None:
+            led.add("campaign_metrics", {"run_id": run_id, "update_no": update, "kind": kind, "loss": loss,
+                                         "lr": lr, "accuracy": accuracy, "seconds": seconds, "at": _now()})
+
+        event("started", 0)
         torch.manual_seed(seed)
+        diverged_at = None
         try:
-            trainer = Trainer(load_workload(campaign.workload, campaign.params), cfg, dev)
-            limit = campaign.stop_if.get("loss_above")
+            t_setup = time.perf_counter()
+            trainer = Trainer(load_workload(cfg.workload, json.loads(cfg.params_json)), cfg, dev)
+            for note in data_notes(trainer.workload, cfg):
+                event("data", 0, note)
+                progress(f"{variant.id} seed {seed}: data: {note}")
+            metric("setup", 0, time.perf_counter() - t_setup)
+            first_loss = None
             for _ in range(updates):
                 t0 = time.perf_counter()
                 try:
                     res = trainer.train_update()
                 except NonFinite as e:
-                    event("diverged", e.update, f"non-finite loss at update {e.update} (stop rule nonfinite)")
-                    progress(f"{variant.id} seed {seed}: diverged at update {e.update}")
-                    return run_id
+                    event("diverged", e.update, f"{e} (a non-finite loss always ends the run)")
+                    progress(f"{variant.id} seed {seed}: diverged at update {e.update} (non-finite)")
+                    return run_id, "diverged"
                 u = trainer.update
-                led.add("campaign_metrics", {"run_id": run_id, "update_no": u, "kind": "train", "loss": res.loss,
-                                             "lr": trainer.lr(), "accuracy": None,
-                                             "seconds": time.perf_counter() - t0, "at": _now()})
+                metric("train", u, time.perf_counter() - t0, res.loss, trainer.lr())
+                first_loss = res.loss if first_loss is None else first_loss
+                why = judge_loss(res.loss, first_loss, campaign.diverge_above)
+                if why and diverged_at is None:
+                    diverged_at = u
+                    stop = campaign.stop_if.get("diverged", True)
+                    event("diverged", u, why + ("" if stop else "; stop_if.diverged is false: it runs on"))
+                    progress(f"{variant.id} seed {seed}: diverged at update {u}: {why}")
+                    if stop:
+                        return run_id, "diverged"
+                limit = campaign.stop_if.get("loss_above")
                 if limit is not None and res.loss > limit:
-                    event("diverged", u, f"loss {res.loss:.4g} above the declared threshold {limit} (stop rule)")
-                    progress(f"{variant.id} seed {seed}: diverged at update {u}")
-                    return run_id
+                    event("stopped", u, f"loss {res.loss:.4g} above stop_if.loss_above {limit}")
+                    progress(f"{variant.id} seed {seed}: stopped at update {u} (loss above {limit})")
+                    return run_id, "diverged" if diverged_at else "stopped"
                 if u % campaign.eval.every_updates == 0 or u == updates:
                     t1 = time.perf_counter()
-                    loss, acc = evaluate(trainer, campaign)
-                    led.add("campaign_metrics", {"run_id": run_id, "update_no": u, "kind": "val", "loss": loss,
-                                                 "lr": trainer.lr(), "accuracy": acc,
-                                                 "seconds": time.perf_counter() - t1, "at": _now()})
+                    loss, acc, kept = evaluate(trainer, campaign)
+                    metric("val", u, time.perf_counter() - t1, loss, trainer.lr(), acc)
+                    for k in kept:
+                        led.add("campaign_predictions", {"run_id": run_id, "update_no": u, **k})
                     progress(f"{variant.id} seed {seed}: update {u}/{updates} val loss {loss:.4f}")
             t2 = time.perf_counter()
             from safetensors.torch import save_model
@@ -148,17 +253,24 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
             if not (campaign.export == "adapter" and export_adapter(trainer.model, str(model_path))):
                 save_model(trainer.model, str(model_path))  # the whole model (or no adapter to export)
             (run_dir / "reference.json").write_text(json.dumps(control_outputs(trainer)))
-            led.add("campaign_metrics", {"run_id": run_id, "update_no": trainer.update, "kind": "export",
-                                         "loss": None, "lr": None, "accuracy": None,
-                                         "seconds": time.perf_counter() - t2, "at": _now()})
+            metric("export", trainer.update, time.perf_counter() - t2)
             event("finished", trainer.update, f"model sha256 {sha256(model_path)}")
+            return run_id, "diverged" if diverged_at else "finished"
         except KeyboardInterrupt:
             event("interrupted", 0, "interrupted (Ctrl-C)")
             raise
         except Exception as e:  # noqa: BLE001  the run stays in the ledger, marked
             event("error", 0, last_line(e))
             progress(f"{variant.id} seed {seed}: error: {last_line(e)}")
-    return run_id
+            return run_id, "error"
+
+
+def data_notes(workload, cfg: ProbeConfig) -> list[str]:
+    """What the workload says about its data at this configuration's lengths (truncation, where val comes
+    from); workloads without such a method say nothing."""
+    if not hasattr(workload, "data_report"):
+        return []
+    return workload.data_report({"train": cfg.seq_len, "val": cfg.eval_seq_len})
 
 
 def finish_check(config_json: str, run_dir: str, seed: int = 0) -> dict:

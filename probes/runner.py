@@ -67,6 +67,21 @@ def _main_module_hidden():
             main.__dict__.update(saved)
 
 
+@contextlib.contextmanager
+def _environment(env: dict):
+    """os.environ with env set, for the duration of a spawn (the child copies it at start)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _worker_main(phases: tuple[str, ...], cfg_dict: dict, workdir: str, run_id: str, probe_id: str, conn) -> None:
     os.setpgrp()  # own process group: the parent can kill the worker and anything it started
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -108,12 +123,14 @@ def _call_main(fn, args, conn) -> None:
         conn.close()
 
 
-def call_in_worker(fn, args: tuple, timeout_s: float = DEFAULT_TIMEOUT_S):
-    """Run fn(*args) in a fresh forkserver worker and return its result; failures raise RuntimeError."""
-    ctx = _context()
+def call_in_worker(fn, args: tuple, timeout_s: float = DEFAULT_TIMEOUT_S, env: dict | None = None):
+    """Run fn(*args) in a fresh forkserver worker and return its result; failures raise RuntimeError.
+    With env, the worker is a newly spawned interpreter started with those environment variables (forked
+    workers share the forkserver's interpreter state, e.g. its PYTHONHASHSEED)."""
+    ctx = _context() if env is None else mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_call_main, args=(fn, args, child))
-    with _main_module_hidden():
+    with _main_module_hidden(), _environment(env or {}):
         proc.start()
     child.close()
     timed_out = False

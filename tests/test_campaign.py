@@ -61,12 +61,13 @@ def test_lr_comparison_report_keeps_the_diverged_run_and_its_retry(campaign_dir)
     assert len(runs) == 5 and runs["run_id"].is_unique
     r = run("campaign", "report", "--ledger", led, "--format", "json")
     rows = json.loads(r.stdout)
-    lr_double = [x for x in rows if x["variant"] == "lr-double"]
-    assert {x["lr"] for x in lr_double} == {2e-4, 1e4, 3e-4}  # the failed attempt and its retry both remain
-    diverged = next(x for x in lr_double if x["lr"] == 1e4)
-    assert diverged["status"].startswith("diverged at update ")
+    (lr_double,) = [x for x in rows if x["variant"] == "lr-double"]
+    assert lr_double["attempts"] == 3  # the failed attempt and its retry both remain, in order
+    assert lr_double["status"].startswith("finished on attempt 3; attempt 1 (lr 0.0002) finished; "
+                                          "attempt 2 (lr 10000) diverged at update ")
+    assert set(runs[runs["variant"] == "lr-double"]["lr"]) == {2e-4, 1e4, 3e-4}
     r = run("campaign", "report", "--ledger", led, "--out", str(d / "rep"))
-    assert "Conclusion: " in r.stdout and "lr-double (lr 10000) diverged at update" in r.stdout
+    assert "Conclusion: " in r.stdout and "attempt 2 (lr 10000) diverged at update" in r.stdout
     html = (d / "rep" / "report.html").read_text()
     assert "<svg" in html and "diverged at update" in html
     assert (d / "rep" / "curves.png").read_bytes()[:4] == b"\x89PNG"
@@ -92,7 +93,7 @@ def test_a_variant_that_changes_the_effective_batch_is_refused(tmp_path):
     (tmp_path / "c.yaml").write_text(bad)
     r = CliRunner().invoke(cli, ["campaign", "run", str(tmp_path / "c.yaml"), "--ledger", str(tmp_path / "l.db")])
     assert r.exit_code == 1
-    assert "variants[1].effective_batch: a variant may change only the declared variable (lr)" in r.output
+    assert "variants[1].effective_batch: a variant may change only lr, micro_batch, checkpointing, precision" in r.output
 
 
 def test_finish_detects_a_flipped_weight(campaign_dir):

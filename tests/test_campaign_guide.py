@@ -1,0 +1,343 @@
+"""The campaign does what the pilot guide asks (issue 14), each test written from a user's steps:
+memory fixes as judged variants, divergence always judged, one budget per comparison, retries kept visible,
+honest exit codes, paths from the spec's folder, data splits and truncation, predictions, archives, start-up."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+from planner.ledger import Ledger
+
+pytest.importorskip("torch")
+
+HEAD = """
+name: guide
+workload: builtin:gpt
+params: {layers: 1, d_model: 32, heads: 2, vocab: 64}
+seq_len: 32
+effective_batch: 16
+micro_batch: 8
+updates: 6
+eval: {every_updates: 3, examples: 16, seq_len: 32}
+precision: fp32
+"""
+
+
+def run(*args, ok=True, **kw):
+    r = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False, **kw)
+    if ok:
+        assert r.exit_code == 0, r.output
+    return r
+
+
+def spec(tmp_path, text, name="c.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def tables(led):
+    with Ledger(led) as l:
+        return {t: l.table(t) for t in ("campaign_runs", "campaign_events", "campaign_metrics",
+                                        "campaign_predictions")}
+
+
+def report_rows(led):
+    return json.loads(run("campaign", "report", "--ledger", led, "--format", "json").stdout)
+
+
+# ---------------------------------------------------------------- 1. memory fixes as judged variants
+
+def test_memory_fix_variants_hold_the_effective_batch_and_get_a_quality_verdict(tmp_path):
+    path = spec(tmp_path, HEAD + """
+quality_target: {metric: val_loss, max_worse: 0.02}
+variants:
+  - {id: control, lr: 1.0e-3}
+  - {id: micro-2, lr: 1.0e-3, micro_batch: 2}
+  - {id: ckpt, lr: 1.0e-3, checkpointing: true}
+""")
+    led = tmp_path / "l.db"
+    run("campaign", "run", path, "--ledger", led, "--out", tmp_path / "runs")
+    t = tables(led)
+    configs = {r.variant: json.loads(r.config_json)["config"] for r in t["campaign_runs"].itertuples()}
+    assert {v: (c["micro_batch"], c["grad_accum"]) for v, c in configs.items()} == \
+        {"control": (8, 2), "micro-2": (2, 8), "ckpt": (8, 2)}
+    assert configs["ckpt"]["checkpointing"] and not configs["control"]["checkpointing"]
+    rows = {r["variant"]: r for r in report_rows(led)}
+    assert rows["micro-2"]["changes"] == "micro_batch 2 (accumulation 8)"
+    assert rows["ckpt"]["changes"] == "checkpointing on"
+    assert rows["micro-2"]["quality"] == "holds" and rows["ckpt"]["quality"] == "holds"
+    assert rows["control"]["quality"] == "control"
+    said = run("campaign", "report", "--ledger", led).stdout
+    assert "quality target (val_loss at most 2 % worse than the control's seed mean): micro-2 holds, ckpt holds" \
+        in said
+
+
+def test_a_quality_target_that_fails_says_so(tmp_path):
+    path = spec(tmp_path, HEAD + """
+quality_target: {metric: val_loss, max_worse: 0.0}
+variants:
+  - {id: control, lr: 3.0e-3}
+  - {id: slow, lr: 1.0e-6}
+""")
+    led = tmp_path / "l.db"
+    run("campaign", "run", path, "--ledger", led, "--out", tmp_path / "runs")
+    rows = {r["variant"]: r for r in report_rows(led)}
+    assert rows["slow"]["quality"].startswith("fails: val_loss ")
+
+
+def test_variants_still_may_not_change_the_question(tmp_path):
+    path = spec(tmp_path, HEAD + """
+variants:
+  - {id: control, lr: 1.0e-3}
+  - {id: bigger, lr: 1.0e-3, updates: 12, micro_batch: 3}
+""")
+    r = run("campaign", "run", path, "--ledger", tmp_path / "l.db", ok=False)
+    assert r.exit_code == 1
+    assert "variants[1].updates: a variant may change only lr, micro_batch, checkpointing, precision" in r.output
+    assert "variants[1].micro_batch: 3 does not divide effective_batch 16" in r.output
+
+
+def test_the_example_spec_of_memory_fixes_is_valid():
+    from planner.campaign import load_campaign
+    from planner.cli import example_campaign_path
+
+    camp = load_campaign(example_campaign_path("memory-fixes.yaml"))
+    assert camp.quality_target is not None
+    assert {k for v in camp.variants for k in camp.changed(v)} >= {"micro_batch", "checkpointing", "precision"}
+
+
+# ---------------------------------------------------------------- 2. divergence is always judged
+
+DIVERGE = HEAD.replace("updates: 6", "updates: 12") + """
+variants:
+  - {id: control, lr: 1.0e-3}
+  - {id: hot, lr: 10}
+"""
+
+
+def test_an_lr_that_diverges_with_no_stop_rule_is_marked_diverged(tmp_path):
+    led = tmp_path / "l.db"
+    r = run("campaign", "run", spec(tmp_path, DIVERGE), "--ledger", led, "--out", tmp_path / "runs")
+    rows = {x["variant"]: x for x in report_rows(led)}
+    assert rows["hot"]["status"].startswith("diverged at update ")
+    assert rows["control"]["status"] == "finished"
+    assert "1 diverged" in r.output  # the summary line; a divergence is a result: exit 0
+    said = run("campaign", "report", "--ledger", led).stdout
+    assert "hot (lr 10) diverged at update" in said
+
+
+def test_a_diverged_run_keeps_running_when_the_stop_rules_say_so(tmp_path):
+    led = tmp_path / "l.db"
+    text = DIVERGE.replace("variants:", "stop_if: {diverged: false}\nvariants:")
+    run("campaign", "run", spec(tmp_path, text), "--variant", "hot", "--ledger", led, "--out", tmp_path / "runs")
+    t = tables(led)
+    assert len(t["campaign_metrics"].query("kind == 'train'")) == 12  # it ran every update
+    (row,) = json.loads(run("campaign", "report", "--ledger", led, "--format", "json").stdout)
+    assert row["status"].startswith("diverged at update ") and "ran on to update 12" in row["status"]
+
+
+# ---------------------------------------------------------------- 3. budgets and 4. retries
+
+def test_runs_of_other_budgets_are_not_comparable(tmp_path):
+    path = spec(tmp_path, HEAD + """
+variants:
+  - {id: control, lr: 1.0e-3}
+  - {id: lr-2, lr: 2.0e-3}
+""")
+    led = tmp_path / "l.db"
+    run("campaign", "run", path, "--variant", "control", "--ledger", led, "--out", tmp_path / "runs")
+    run("campaign", "run", path, "--variant", "lr-2", "--updates", "3", "--ledger", led, "--out", tmp_path / "runs")
+    rows = {x["variant"]: x for x in report_rows(led)}
+    assert rows["lr-2"]["comparable"] == "not comparable: 3 of 6 updates"
+    said = run("campaign", "report", "--ledger", led).stdout
+    assert "lr-2 is not comparable: 3 of 6 updates" in said and "lr-2 beats" not in said
+
+
+def test_a_retry_keeps_the_earlier_divergence_visible(tmp_path):
+    path = spec(tmp_path, DIVERGE)
+    led = tmp_path / "l.db"
+    run("campaign", "run", path, "--variant", "hot", "--ledger", led, "--out", tmp_path / "runs")
+    run("campaign", "run", path, "--variant", "hot", "--lr", "1e-3", "--ledger", led, "--out", tmp_path / "runs")
+    (row,) = report_rows(led)
+    assert row["attempts"] == 2
+    assert row["status"].startswith("finished on attempt 2; attempt 1 (lr 10) diverged at update ")
+    said = run("campaign", "report", "--ledger", led).stdout
+    assert "attempt 1 (lr 10) diverged at update" in said
+
+
+# ---------------------------------------------------------------- 5. exit codes
+
+def test_campaign_run_exits_1_when_a_run_errors(tmp_path):
+    path = spec(tmp_path, HEAD.replace("builtin:gpt", "tests/workloads.py:raises").replace(
+        "params: {layers: 1, d_model: 32, heads: 2, vocab: 64}", "params: {}") + """
+variants:
+  - {id: control, lr: 1.0e-3}
+""")
+    wl = tmp_path / "tests"
+    wl.mkdir()
+    (wl / "workloads.py").write_text("def raises(**kw):\n    raise RuntimeError('broken on purpose')\n")
+    r = run("campaign", "run", path, "--ledger", tmp_path / "l.db", "--out", tmp_path / "runs", ok=False)
+    assert r.exit_code == 1
+    assert "1 run: 0 finished, 0 diverged, 1 error" in r.output and "Error: " in r.output
+
+
+# ---------------------------------------------------------------- 6. paths from the spec's folder
+
+def test_workload_paths_are_read_from_the_specs_folder(tmp_path, monkeypatch):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "my_workload.py").write_text(textwrap.dedent("""
+        from probes.builtin import GPT as gpt
+
+        def small(**kw):
+            return gpt(layers=1, d_model=32, heads=2, vocab=64)
+    """))
+    path = spec(proj, HEAD.replace("builtin:gpt", "my_workload.py:small").replace(
+        "params: {layers: 1, d_model: 32, heads: 2, vocab: 64}", "params: {}") + """
+variants:
+  - {id: control, lr: 1.0e-3}
+""")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    run("campaign", "run", path, "--updates", "2", "--ledger", "l.db", "--out", "runs")
+    (row,) = report_rows("l.db")
+    assert row["status"] == "finished"
+
+
+# ---------------------------------------------------------------- 7. data
+
+def test_split_refuses_to_write_an_empty_split(tmp_path):
+    import pandas as pd
+
+    rows = [{"patient": p, "day": d, "x": 1} for p in range(4) for d in range(10)]
+    pd.DataFrame(rows).to_csv(tmp_path / "d.csv", index=False)
+    r = run("split", tmp_path / "d.csv", "--by", "patient", "--time", "day", "--gap", "7", "--out",
+            tmp_path / "s", ok=False)
+    assert r.exit_code == 1 and "Error: " in r.output and "would be empty" in r.output
+    assert not (tmp_path / "s").exists()
+
+
+# ---------------------------------------------------------------- 8. predictions
+
+def test_predictions_are_kept_at_validation_points(tmp_path):
+    path = spec(tmp_path, HEAD.replace("builtin:gpt", "builtin:classifier") + """
+variants:
+  - {id: control, lr: 1.0e-3}
+""")
+    led = tmp_path / "l.db"
+    run("campaign", "run", path, "--ledger", led, "--out", tmp_path / "runs")
+    preds = tables(led)["campaign_predictions"]
+    assert sorted(set(preds["update_no"])) == [3, 6]
+    assert len(preds[preds["update_no"] == 3]) == 16  # capped per point (16 examples evaluated)
+    r = run("campaign", "report", "--ledger", led, "--predictions")
+    assert "prediction" in r.stdout and "target" in r.stdout
+
+
+# ---------------------------------------------------------------- 9. archive, determinism, resume-check
+
+def test_archive_holds_source_spec_ledger_lines_and_the_workloads_revision(tmp_path):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "wl.py").write_text("from probes.builtin import GPT as gpt\n\ndef small(**kw):\n"
+                                "    return gpt(layers=1, d_model=32, heads=2, vocab=64)\n")
+    git = ["git", "-c", "user.email=a@b", "-c", "user.name=a", "-C", str(proj)]
+    subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    subprocess.run(git + ["add", "wl.py"], check=True)
+    subprocess.run(git + ["commit", "-qm", "wl"], check=True)
+    rev = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    path = spec(proj, HEAD.replace("builtin:gpt", "wl.py:small").replace(
+        "params: {layers: 1, d_model: 32, heads: 2, vocab: 64}", "params: {}") + """
+variants:
+  - {id: control, lr: 1.0e-3}
+""")
+    led, out = tmp_path / "l.db", tmp_path / "runs"
+    run("campaign", "run", path, "--updates", "2", "--ledger", led, "--out", out)
+    run_id = tables(led)["campaign_runs"]["run_id"].iloc[0]
+    run("archive", run_id, "--to", tmp_path / "a", "--ledger", led, "--out", out)
+    a = tmp_path / "a"
+    assert (a / "workload" / "wl.py").read_text() == (proj / "wl.py").read_text()
+    assert (a / "spec" / "c.yaml").read_text() == path.read_text()
+    lines = [json.loads(x) for x in (a / "ledger_lines.jsonl").read_text().splitlines()]
+    assert {x["table"] for x in lines} >= {"campaign_runs", "campaign_events", "campaign_metrics"}
+    assert all(x["run_id"] == run_id for x in lines)
+    assert (a / "code_revision.txt").read_text().startswith(rev)  # the workload's folder, not the cwd's
+    run("archive", "verify", a)
+
+
+def test_code_revision_without_git_is_a_hash_of_the_source(tmp_path):
+    from probes.campaign import code_revision
+
+    (tmp_path / "wl.py").write_text("x = 1\n")
+    rev = code_revision(tmp_path / "wl.py")
+    assert rev.startswith("sha256:") and rev != "unknown"
+    (tmp_path / "wl.py").write_text("x = 2\n")
+    assert code_revision(tmp_path / "wl.py") != rev
+
+
+HASH_SEEDED = '''
+import torch
+from probes.builtin import GPT as gpt
+
+class HashSeeded:
+    def __init__(self):
+        self.inner = gpt(layers=1, d_model=32, heads=2, vocab=64)
+        self.name = "hash-seeded"
+
+    def build_model(self):
+        return self.inner.build_model()
+
+    def make_batch(self, split, index, micro_batch, seq_len):
+        g = torch.Generator().manual_seed(hash((split, index)) % 2**31)
+        ids = torch.randint(0, 64, (micro_batch, seq_len), generator=g)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    def compute_loss(self, model, batch):
+        return self.inner.compute_loss(model, batch)
+
+def make():
+    return HashSeeded()
+'''
+
+
+def test_resume_check_catches_a_make_batch_seeded_from_hash(tmp_path):
+    (tmp_path / "hs.py").write_text(HASH_SEEDED)
+    r = run("resume-check", "-w", f"{tmp_path / 'hs.py'}:make", "--updates", "4", "--at", "2", ok=False)
+    assert r.exit_code == 1 and "resume is not exact" in r.output
+    assert "PYTHONHASHSEED" in r.output  # the resumed half ran under another hash seed, and says so
+
+
+def test_the_readme_workload_example_is_deterministic_across_processes(tmp_path):
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    code = readme.split("A complete workload file (`my_workload.py`)")[1].split("```python")[1].split("```")[0]
+    (tmp_path / "my_workload.py").write_text(code)
+    probe = ("import sys; sys.path.insert(0, %r); import my_workload; "
+             "print(my_workload.regression().make_batch('train', 3, 2, 8)['x'].sum().item())" % str(tmp_path))
+    outs = {subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(outs) == 1
+
+
+# ---------------------------------------------------------------- 10. start-up
+
+def test_start_up_is_reported_on_its_own_and_not_billed_to_the_first_variant(tmp_path):
+    path = spec(tmp_path, HEAD + """
+variants:
+  - {id: control, lr: 1.0e-3}
+""")
+    led = tmp_path / "l.db"
+    r = run("campaign", "run", path, "--ledger", led, "--out", tmp_path / "runs")
+    assert "start-up: " in r.output and "not billed to any variant" in r.output
+    m = tables(led)["campaign_metrics"]
+    assert set(m["kind"]) == {"setup", "train", "val", "export"}
+    (row,) = report_rows(led)
+    billed = m[m["kind"].isin(["train", "val", "export"])]["seconds"].sum()
+    assert row["hours"] == pytest.approx(billed / 3600)
+    assert row["setup_s"] == pytest.approx(m[m["kind"] == "setup"]["seconds"].sum())
