@@ -140,9 +140,14 @@ def grid_options(fn):
         click.option("--grid", "grid_file", default=None, type=click.Path(dir_okay=False),
                      help="probe YAML file with the same keys as these options"),
         click.option("--lora", default=None, help="hf: workloads: r=16,alpha=32,targets=q_proj+v_proj"),
-        click.option("--data", default=None, type=click.Path(dir_okay=False),
-                     help="hf: workloads: your JSONL; its real p99/longest lengths set seq_len/eval_seq_len"),
+        click.option("--data", default=None, type=click.Path(),
+                     help="hf: workloads: your JSONL (or a split folder); its p99/longest lengths set the lengths"),
         click.option("--fields", default=None, help="hf: workloads: prompt,response | text | text,label"),
+        click.option("--val-data", default=None, type=click.Path(dir_okay=False),
+                     help="hf: workloads: validation JSONL (else --data may be a folder from `rentplan split`)"),
+        click.option("--on-truncate", default=None, type=click.Choice(["warn", "drop", "error"]),
+                     help="hf: workloads: examples longer than seq_len are counted and trained on cut (warn), "
+                          "left out (drop), or refused (error)"),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -159,7 +164,7 @@ def spec_from_options(o: dict) -> GridSpec:
     cap_label, cap_bytes = resolve_cap(pick("cap"), o.get("catalog_path"))
     params = parse_params(data.get("params")) if data.get("params") else {}
     params.update(parse_params(list(o.get("params") or [])))
-    for key in ("lora", "data", "fields"):  # shorthands for the hf: workload's parameters
+    for key in ("lora", "data", "fields", "val_data", "on_truncate"):  # shorthands for the hf: workload's params
         if o.get(key):
             params[key] = o[key]
     return GridSpec(
@@ -192,6 +197,11 @@ def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: 
                  f"the longest ({lengths['max']}) drives eval")
     if getattr(workload, "data_note", None):
         progress(f"data: {workload.data_note}")
+    if hasattr(workload, "data_report"):
+        notes = dict.fromkeys(n for seq_len in sorted(set(spec.seq_len or []))
+                              for n in workload.data_report({"train": seq_len}))
+        for note in notes:
+            progress(f"data: {note}")
     configs = build_grid(spec)
     progress(f"probe: {len(configs)} configuration(s) × {len(PHASES)} phases on {spec.device}; ledger {ledger_path}")
     return run_grid(configs, ledger_path, timeout_s=timeout_s, retry_failed=retry_failed, progress=progress)
@@ -473,6 +483,11 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
 
     campaign = load_campaign(campaign_path)
     catalog = load_catalog(catalog_path)
+    memory_fixes = {v.id: k for v in campaign.variants for k in campaign.changed(v) if k != "lr"}
+    if memory_fixes:  # said, not hidden: the sheet sizes one configuration
+        progress("note: the plan sizes and times every variant at the spec's own micro_batch, checkpointing and "
+                 f"precision; {', '.join(f'{v} ({k})' for v, k in memory_fixes.items())} differ, so their hours "
+                 "are the control's (probe their settings to see their own)")
     with Ledger(ledger_path, create=False) as led:
         lines, runs, metrics = led.frame(), led.table("campaign_runs"), led.table("campaign_metrics")
     result = make_plan(campaign, lines, catalog, headroom, parse_days(days),
@@ -896,6 +911,8 @@ def campaign_report(ledger_path, name, price_per_hour, out, show_predictions, fm
 
 
 def write_campaign_report(out: Path, runs, table, variants, metrics, notes, said) -> None:
+    table = table.drop(columns=["outcome", "control", "quality_target"], errors="ignore")
+    variants = variants.drop(columns=["outcome", "all_finished"], errors="ignore")
     from datetime import datetime, timezone
 
     from planner.render import atomic_write, render_template

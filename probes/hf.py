@@ -34,11 +34,32 @@ def parse_lora(text: str | dict | None) -> dict | None:
             "target_modules": [t for t in targets if t], "lora_dropout": float(raw.get("dropout", 0.0))}
 
 
+TRUNCATE = ("warn", "drop", "error")
+SPLIT_NAMES = ("train", "val")
+
+
+def _data_files(data: str | None, val_data: str | None) -> tuple[Path | None, Path | None]:
+    """(train file, val file): data may be a folder written by `rentplan split` (train.jsonl, val.jsonl)."""
+    if data and Path(data).is_dir():
+        found = {n: Path(data) / f"{n}.jsonl" for n in SPLIT_NAMES}
+        missing = [str(p) for p in found.values() if not p.is_file()]
+        if missing:
+            raise WorkloadError(f"data folder {data} lacks {', '.join(missing)} (write it with "
+                                f"`rentplan split FILE.jsonl --by GROUP --out {data}`).")
+        if val_data:
+            raise WorkloadError("give val_data or a split folder as data, not both.")
+        return found["train"], found["val"]
+    if val_data and not data:
+        raise WorkloadError("val_data needs data (the training file) too.")
+    return (Path(data) if data else None), (Path(val_data) if val_data else None)
+
+
 class HFWorkload:
     masks_prompt = True
 
     def __init__(self, path: str, lora=None, data: str | None = None, fields: str | None = None,
-                 weights: bool = False, task: str | None = None, num_labels: int | None = None):
+                 weights: bool = False, task: str | None = None, num_labels: int | None = None,
+                 val_data: str | None = None, on_truncate: str = "warn"):
         try:
             from transformers import AutoConfig
         except ImportError:
@@ -59,7 +80,16 @@ class HFWorkload:
         self.tokenizer = self._tokenizer()
         self.fields = [f.strip() for f in (fields or ("text,label" if self.task == "classification"
                                                       else "prompt,response")).split(",")]
-        self.rows = self._read(data) if data else None
+        if on_truncate not in TRUNCATE:
+            raise WorkloadError(f"on_truncate must be one of {', '.join(TRUNCATE)}, got {on_truncate!r}")
+        self.on_truncate = on_truncate
+        train_file, val_file = _data_files(data, val_data)
+        self.rows = self._read(train_file) if train_file else None
+        self.val_rows = self._read(val_file) if val_file else None
+        self.val_source = (f"validation rows from {val_file}" if val_file else
+                           "validation is every 10th row of the data by a hash of its position: pass val_data=FILE "
+                           "(--val-data) or a folder written by `rentplan split` for a split that cannot leak")
+        self._encoded: dict = {}
         self.lengths = self._lengths() if self.rows is not None and self.tokenizer is not None else None
         layers = getattr(self.config, "num_hidden_layers", "?")
         hidden = getattr(self.config, "hidden_size", "?")
@@ -112,6 +142,40 @@ class HFWorkload:
         eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
         return prompt + response + eos, len(prompt)
 
+    def _encoded_rows(self, split: str) -> list[tuple[list[int], int]]:
+        """Token ids and prompt length of every row of a split, computed once."""
+        if split not in self._encoded:
+            self._encoded[split] = [self._encode(r) for r in self._rows(split)]
+        return self._encoded[split]
+
+    def _rows(self, split: str) -> list[dict]:
+        if self.val_rows is not None:
+            return self.rows if split == "train" else self.val_rows
+        pool = [i for i in range(len(self.rows)) if (zlib.crc32(str(i).encode()) % 10 == 0) == (split != "train")]
+        return [self.rows[i] for i in (pool or range(len(self.rows)))]
+
+    def cut_at(self, split: str, seq_len: int) -> list[int]:
+        """Rows of a split whose response (the tokens the loss sees) is cut at seq_len."""
+        return [i for i, (ids, _) in enumerate(self._encoded_rows(split)) if len(ids) > seq_len]
+
+    def data_report(self, seq_lens: dict[str, int]) -> list[str]:
+        """Where validation comes from, and per split how many examples seq_len cuts (and what is done)."""
+        if self.rows is None or self.tokenizer is None:
+            return []
+        notes = [self.val_source]
+        for split, seq_len in seq_lens.items():
+            cut, total = len(self.cut_at(split, seq_len)), len(self._rows(split))
+            if not cut:
+                continue
+            what = {"warn": "trained on cut (the expected output changes: not the same experiment as uncut)",
+                    "drop": "left out", "error": ""}[self.on_truncate]
+            note = (f"{split}: {cut} of {total} example{'s' if total != 1 else ''} "
+                    f"{'are' if cut != 1 else 'is'} longer than seq_len {seq_len}")
+            if self.on_truncate == "error":
+                raise WorkloadError(f"{note} (on_truncate=error). Raise seq_len, or pass --on-truncate drop|warn.")
+            notes.append(f"{note}: {what} (on_truncate={self.on_truncate})")
+        return notes
+
     def _lengths(self) -> dict:
         lens = sorted(len(self._encode(r)[0]) for r in self.rows)
         p99 = lens[min(len(lens) - 1, math.ceil(0.99 * len(lens)) - 1)]
@@ -152,17 +216,28 @@ class HFWorkload:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
     def _data_batch(self, split: str, index: int, micro_batch: int, seq_len: int) -> dict[str, torch.Tensor]:
-        # Every 10th example (by a hash of its position) is validation; the rest train. Deterministic in index.
-        pool = [i for i in range(len(self.rows)) if (zlib.crc32(str(i).encode()) % 10 == 0) == (split != "train")]
-        pool = pool or list(range(len(self.rows)))
+        # The split's rows (validation from val_data, else every 10th by a hash of position); with
+        # on_truncate=drop, only those that fit seq_len. Deterministic in (split, index).
+        rows = self._rows("train" if split == "train" else "val")
+        encoded = self._encoded_rows("train" if split == "train" else "val")
+        pool = list(range(len(rows)))
+        if self.on_truncate != "warn":
+            cut = set(self.cut_at("train" if split == "train" else "val", seq_len))
+            if cut and self.on_truncate == "error":
+                raise WorkloadError(f"{split}: {len(cut)} example(s) longer than seq_len {seq_len} "
+                                    "(on_truncate=error)")
+            pool = [i for i in pool if i not in cut]
+            if not pool:
+                raise WorkloadError(f"{split}: every example is longer than seq_len {seq_len}; nothing is left "
+                                    "to train on with on_truncate=drop. Raise seq_len.")
         pad = self.tokenizer.pad_token_id
         ids = torch.full((micro_batch, seq_len), pad, dtype=torch.long)
         mask = torch.zeros((micro_batch, seq_len), dtype=torch.long)
         labels = torch.full((micro_batch, seq_len), IGNORE, dtype=torch.long)
         cls_labels = []
         for b in range(micro_batch):
-            row = self.rows[pool[(index * micro_batch + b) % len(pool)]]
-            tokens, n_prompt = self._encode(row)
+            k = pool[(index * micro_batch + b) % len(pool)]
+            row, (tokens, n_prompt) = rows[k], encoded[k]
             tokens = tokens[:seq_len]
             ids[b, : len(tokens)] = torch.tensor(tokens)
             mask[b, : len(tokens)] = 1

@@ -157,3 +157,61 @@ variants:
         assert all("lora_" in k for k in f.keys())
     r = CliRunner().invoke(cli, ["campaign", "finish", run_id, "--ledger", led, "--out", out], catch_exceptions=False)
     assert r.exit_code == 0 and "reproduces the control outputs" in r.output, r.output
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def qa(n_prompt, n_response, start=0):
+    return {"prompt": " ".join(f"w{(start + j) % 200}" for j in range(n_prompt)),
+            "response": " ".join(f"w{(start + 7 + j) % 200}" for j in range(n_response))}
+
+
+def test_long_examples_are_counted_and_the_on_truncate_choice_is_kept(tmp_path, llama):
+    """A user's data with 3 of 40 examples longer than seq_len: warn says so; drop leaves them out of every
+    batch; error refuses before any worker starts."""
+    from probes.hf import HFWorkload
+
+    write_tokenizer(llama)
+    data = tmp_path / "train.jsonl"
+    write_rows(data, [qa(4, 40 if i in (3, 17, 30) else 6, i) for i in range(40)])
+    led = str(tmp_path / "l.db")
+    common = ["probe", "-w", f"hf:{llama}", "--data", str(data), "--seq-len", "16", "--eval-seq-len", "64",
+              "--micro-batch", "2", "--ledger", led, "--device", "cpu"]
+    r = CliRunner().invoke(cli, common, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "is longer than seq_len 16" in r.output or "are longer than seq_len 16" in r.output
+    assert "on_truncate=warn" in r.output and "not the same experiment" in r.output
+    r = CliRunner().invoke(cli, [*common, "--on-truncate", "error"])
+    assert r.exit_code == 1 and "Error: " in r.output and "on_truncate=error" in r.output
+    wl = HFWorkload(str(llama), data=str(data), on_truncate="drop")
+    cut = set(wl.cut_at("train", 16))
+    assert len(cut) >= 2  # the long rows that hash into train
+    batch_rows = {tuple(wl.make_batch("train", i, 1, 16)["input_ids"][0].tolist()) for i in range(60)}
+    long_rows = {tuple(wl._encode(wl._rows("train")[k])[0][:16]) for k in cut}
+    assert not batch_rows & long_rows  # a cut row fills all 16 positions: none of them is ever in a batch
+    warn = HFWorkload(str(llama), data=str(data))
+    assert {tuple(warn.make_batch("train", i, 1, 16)["input_ids"][0].tolist()) for i in range(60)} & long_rows
+
+
+def test_validation_comes_from_val_data_or_a_split_folder(tmp_path, llama):
+    from probes.hf import HFWorkload
+
+    write_tokenizer(llama)
+    rows = [dict(qa(3, 3, i), patient=i % 8) for i in range(40)]
+    write_rows(tmp_path / "all.jsonl", rows)
+    r = CliRunner().invoke(cli, ["split", str(tmp_path / "all.jsonl"), "--by", "patient", "--ratios", "0.75,0.25",
+                                 "--out", str(tmp_path / "s")], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    wl = HFWorkload(str(llama), data=str(tmp_path / "s"))
+    train_p = {r["patient"] for r in wl._rows("train")}
+    val_p = {r["patient"] for r in wl._rows("val")}
+    assert train_p and val_p and not train_p & val_p  # the split's groups, not a hash of the row number
+    val_ids = {tuple(wl.make_batch("val", i, 1, 8)["input_ids"][0].tolist()) for i in range(10)}
+    expect = {tuple((wl._encode(r)[0] + [wl.tokenizer.pad_token_id] * 8)[:8]) for r in wl._rows("val")}
+    assert val_ids <= expect
+    same = HFWorkload(str(llama), data=str(tmp_path / "s" / "train.jsonl"), val_data=str(tmp_path / "s" / "val.jsonl"))
+    assert same._rows("val") == wl._rows("val")
+    assert "validation rows from" in wl.data_report({"train": 64})[0]
+    assert "every 10th row" in HFWorkload(str(llama), data=str(tmp_path / "all.jsonl")).data_report({"train": 64})[0]
