@@ -810,7 +810,7 @@ def campaign():
 @campaign.command("run")
 @click.argument("campaign_path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--variant", "variant_ids", multiple=True, help="only these variants (repeatable)")
-@click.option("--seeds", default="0", show_default=True, help="comma list of seeds per variant")
+@click.option("--seeds", default=None, help="comma list of seeds per variant (default: each variant's seed, 0)")
 @click.option("--lr", "lr_override", default=None, type=float,
               help="retry a variant with another learning rate (a new run id; the old run stays)")
 @click.option("--updates", default=None, type=int, help="fewer updates than the spec (a shortened run)")
@@ -835,13 +835,13 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
         chosen = [dc.replace(v, lr=lr_override) for v in chosen]
     if updates is not None and updates < 1:
         raise InputError(f"--updates must be at least 1, got {updates}.")
-    seed_list = parse_list(seeds, int, "--seeds")
+    seed_list = parse_list(seeds, int, "--seeds") if seeds else None
     dev = resolve_device(device)
     start_up = device_start_up(dev)
     progress(f"start-up: {dev} ready in {start_up:.2f} s (recorded with each run, not billed to any variant)")
     outcomes = []
     for v in sorted(chosen, key=lambda v: v.priority):
-        for seed in seed_list:
+        for seed in seed_list or [v.seed]:
             run_id, outcome = run_variant(camp, v, seed, ledger_path, out, dev, updates, progress=progress,
                                           start_up_s=start_up)
             outcomes.append(outcome)

@@ -61,13 +61,15 @@ variants:
   - {id: control, lr: 1.0e-3}
   - {id: micro-2, lr: 1.0e-3, micro_batch: 2}
   - {id: ckpt, lr: 1.0e-3, checkpointing: true}
+  - {id: seed-7, lr: 1.0e-3, seed: 7}
 """)
     led = tmp_path / "l.db"
     run("campaign", "run", path, "--ledger", led, "--out", tmp_path / "runs")
     t = tables(led)
     configs = {r.variant: json.loads(r.config_json)["config"] for r in t["campaign_runs"].itertuples()}
     assert {v: (c["micro_batch"], c["grad_accum"]) for v, c in configs.items()} == \
-        {"control": (8, 2), "micro-2": (2, 8), "ckpt": (8, 2)}
+        {"control": (8, 2), "micro-2": (2, 8), "ckpt": (8, 2), "seed-7": (8, 2)}
+    assert dict(zip(t["campaign_runs"]["variant"], t["campaign_runs"]["seed"]))["seed-7"] == 7
     assert configs["ckpt"]["checkpointing"] and not configs["control"]["checkpointing"]
     rows = {r["variant"]: r for r in report_rows(led)}
     assert rows["micro-2"]["changes"] == "micro_batch 2 (accumulation 8)"
@@ -77,6 +79,7 @@ variants:
     said = run("campaign", "report", "--ledger", led).stdout
     assert "quality target (val_loss at most 2 % worse than the control's seed mean): micro-2 holds, ckpt holds" \
         in said
+    assert rows["seed-7"]["changes"] == ""  # a seed is not a setting: the same question, another draw
 
 
 def test_a_quality_target_that_fails_says_so(tmp_path):
