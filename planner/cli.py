@@ -428,6 +428,12 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
 
     from planner.catalog import default_catalog_path, import_skypilot, load_catalog
 
+    import datetime as dt
+
+    try:
+        dt.date.fromisoformat(as_of)
+    except ValueError:
+        raise InputError(f"--as-of {as_of!r} must be the snapshot's date as YYYY-MM-DD.") from None
     cat = load_catalog(catalog_path)
     offers, skipped = import_skypilot(csv_path, cat, provider, as_of)
     for s in skipped:
@@ -437,10 +443,39 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
         click.echo(yaml.safe_dump({"offers": offers}, sort_keys=False))
         return
     src = Path(catalog_path) if catalog_path else default_catalog_path()
-    text = src.read_text().rstrip("\n") + "\n" + yaml.safe_dump(offers, sort_keys=False)
-    Path(out_path).write_text(text)
-    load_catalog(out_path)  # the merged file must validate
+    text = merged_catalog_text(src.read_text(encoding="utf-8"), offers, str(src))
+    from planner.catalog import parse_catalog
+    from planner.render import atomic_write
+    from planner.yamlsafe import load_yaml_text
+
+    parse_catalog(load_yaml_text(text, str(out_path)), str(out_path))  # the merged catalog validates first ...
+    try:
+        atomic_write(Path(out_path), text)  # ... then replaces the file in one step
+    except OSError as e:
+        raise InputError(f"cannot write {out_path}: {e.strerror}.") from None
     progress(f"wrote {out_path}")
+
+
+def merged_catalog_text(text: str, offers: list[dict], source: str) -> str:
+    """The catalog with the imported offers appended. Appended as text where `offers:` is the last key (its
+    comments are kept), else the whole document written out again (comments lost, said on stderr)."""
+    import yaml
+
+    from planner.yamlsafe import load_yaml_text
+
+    data = load_yaml_text(text, source)
+    before = len(data.get("offers") or [])
+    appended = text.rstrip("\n") + "\n" + yaml.safe_dump(offers, sort_keys=False) if offers else text
+    try:
+        merged = load_yaml_text(appended, source)
+        if isinstance(merged, dict) and len(merged.get("offers") or []) == before + len(offers):
+            return appended
+    except InputError:
+        pass
+    progress(f"note: offers: is not the last key of {source}; the merged catalog is written out whole "
+             "(its comments are not kept)")
+    data["offers"] = list(data.get("offers") or []) + offers
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 # ---------------------------------------------------------------- plan
@@ -837,6 +872,11 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
         raise InputError(f"--updates must be at least 1, got {updates}.")
     seed_list = parse_list(seeds, int, "--seeds") if seeds else None
     dev = resolve_device(device)
+    from probes.runner import clean_stale_temporaries
+
+    for run_dir in (p for p in Path(out).glob("c-*") if p.is_dir() and not p.is_symlink()):
+        for name in clean_stale_temporaries(run_dir):
+            progress(f"removed {run_dir.name}/{name}: a half-written export of a run that was killed")
     start_up = device_start_up(dev)
     progress(f"start-up: {dev} ready in {start_up:.2f} s (recorded with each run, not billed to any variant)")
     outcomes = []

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import socket
 import sqlite3
+import time
 import uuid
 from pathlib import Path
 from typing import Iterable
@@ -18,7 +21,7 @@ import pandas as pd
 from planner.errors import LedgerError
 from planner.records import FAILED, LINE_FIELDS, PHASES, Line, Verdict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: campaign_predictions and claims tables
 
 def _column_type(f: dataclasses.Field) -> str:
     t = str(f.type)
@@ -49,26 +52,69 @@ def new_id(prefix: str = "r") -> str:
 
 
 class Ledger:
-    """A handle on one ledger file. Use as a context manager."""
+    """A handle on one ledger file. Use as a context manager.
+
+    create=False opens read-only (SQLite mode=ro): a command that only reads never changes the file, not even
+    its journal mode. Either way the file must be a rentplan ledger: a foreign SQLite file, or one written by
+    a newer rentplan, is refused before anything touches it; an older one is copied to a backup, then migrated.
+    """
 
     def __init__(self, path: str | Path, create: bool = True):
         self.path = Path(path)
+        self.read_only = not create
         if not create and not self.path.exists():
             raise LedgerError(f"no ledger at {self.path}. Run `rentplan probe` first, or pass --ledger PATH.")
+        if self.path.is_dir():
+            raise LedgerError(f"{self.path} is a folder, not a ledger file. Pass --ledger FILE.")
         try:
+            version = self._check_existing()
+            if self.read_only:
+                self.db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+                return
+            if version is not None and version < SCHEMA_VERSION:
+                self.backup = _backup(self.path, version)
             self.db = sqlite3.connect(str(self.path), timeout=30)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             self._ensure_schema()
         except sqlite3.DatabaseError as e:
-            raise LedgerError(f"{self.path} is not a rentplan ledger ({e}). Pass another --ledger PATH.") from e
+            raise LedgerError(f"{self.path} is not a rentplan ledger ({e}). Pass another --ledger PATH.") from None
+        except OSError as e:
+            raise LedgerError(f"cannot open the ledger {self.path}: {e.strerror or e}.") from None
+
+    def _check_existing(self) -> int | None:
+        """The schema version of an existing ledger (None for a new or empty file); refuse anything else."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return None
+        con = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        try:
+            names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not names and self.read_only:
+                raise LedgerError(f"{self.path} is an empty SQLite file, not a rentplan ledger yet.")
+            if not names:
+                return None
+            if not {"meta", "lines"} <= names:
+                raise LedgerError(f"{self.path} is not a rentplan ledger (it has tables "
+                                  f"{', '.join(sorted(names))}, no meta and lines). Nothing was changed; pass "
+                                  "another --ledger PATH.")
+            row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        finally:
+            con.close()
+        try:
+            version = int(row[0])
+        except (TypeError, ValueError):
+            raise LedgerError(f"{self.path} has no readable schema version; it is not a rentplan ledger.") from None
+        if version > SCHEMA_VERSION:
+            raise LedgerError(f"{self.path} was written by a newer rentplan (ledger schema {version}; this one "
+                              f"reads up to {SCHEMA_VERSION}). Nothing was changed; upgrade rentplan.")
+        return version
 
     def _ensure_schema(self) -> None:
         cols = ", ".join(f"{name} {sql}" for name, sql in _COLUMNS.items())
         with self.db:
             self.db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             self.db.execute(f"CREATE TABLE IF NOT EXISTS lines (seq INTEGER PRIMARY KEY AUTOINCREMENT, {cols})")
-            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             self.db.execute("CREATE INDEX IF NOT EXISTS lines_config ON lines (config_key)")
             # Columns added by later versions of Line are appended, never rewritten.
             have = {r[1] for r in self.db.execute("PRAGMA table_info(lines)")}
@@ -78,6 +124,35 @@ class Ledger:
             for table, cols in TABLES.items():
                 spec = ", ".join(f"{c} {t}" for c, t in cols.items())
                 self.db.execute(f"CREATE TABLE IF NOT EXISTS {table} (seq INTEGER PRIMARY KEY AUTOINCREMENT, {spec})")
+            # Claims coordinate concurrent probes; unlike lines they are taken and released (not measurements).
+            self.db.execute("CREATE TABLE IF NOT EXISTS claims (config_key TEXT PRIMARY KEY, run_id TEXT, "
+                            "pid INTEGER, host TEXT, heartbeat REAL)")
+
+    # --- claims: one probe per configuration at a time -------------------------------------------------
+
+    def claim(self, config_key: str, run_id: str, pid: int | None = None, host: str | None = None) -> dict | None:
+        """Take the configuration for this run, in one transaction. Returns None when taken, else the live
+        holder's claim. A claim whose process is gone (same host, no such pid) or whose heartbeat is older than
+        CLAIM_STALE_S (another host) is taken over."""
+        pid, host = pid or os.getpid(), host or socket.gethostname()
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            row = self.db.execute("SELECT run_id, pid, host, heartbeat FROM claims WHERE config_key = ?",
+                                  (config_key,)).fetchone()
+            if row is not None and row[0] != run_id and _alive(row[1], row[2], row[3]):
+                return {"run_id": row[0], "pid": row[1], "host": row[2]}
+            self.db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?)",
+                            (config_key, run_id, pid, host, time.time()))
+        return None
+
+    def heartbeat(self, config_key: str, run_id: str) -> None:
+        with self.db:
+            self.db.execute("UPDATE claims SET heartbeat = ? WHERE config_key = ? AND run_id = ?",
+                            (time.time(), config_key, run_id))
+
+    def release(self, config_key: str, run_id: str) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM claims WHERE config_key = ? AND run_id = ?", (config_key, run_id))
 
     def __enter__(self) -> "Ledger":
         return self
@@ -108,6 +183,9 @@ class Ledger:
     def table(self, name: str) -> pd.DataFrame:
         if name not in TABLES:
             raise LedgerError(f"unknown table {name!r}")
+        have = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if name not in have:  # an older ledger opened read-only: the table is simply empty
+            return pd.DataFrame(columns=["seq", *TABLES[name]])
         return pd.read_sql_query(f"SELECT * FROM {name} ORDER BY seq", self.db)
 
     def extend(self, lines: Iterable[Line]) -> None:
@@ -133,6 +211,40 @@ class Ledger:
             state = "done" if "done" in states else ("failed" if "failed" in states else "incomplete")
             status[key] = {"state": state, "runs": list(by_run)}
         return status
+
+
+CLAIM_STALE_S = 600.0  # a claim from another host not refreshed for this long is abandoned
+
+
+def _alive(pid: int | None, host: str | None, heartbeat: float | None) -> bool:
+    if host == socket.gethostname():
+        if not pid:
+            return False
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return heartbeat is not None and time.time() - float(heartbeat) < CLAIM_STALE_S
+
+
+def _backup(path: Path, version: int) -> Path:
+    """Copy an older ledger aside before migrating it (SQLite's backup API: consistent even in WAL mode)."""
+    dest = path.with_name(f"{path.name}.schema{version}.bak")
+    n = 1
+    while dest.exists():
+        dest, n = path.with_name(f"{path.name}.schema{version}.{n}.bak"), n + 1
+    src = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        out = sqlite3.connect(str(dest))
+        with out:
+            src.backup(out)
+        out.close()
+    finally:
+        src.close()
+    return dest
 
 
 def run_state(lines: list[tuple[str, str]]) -> str:

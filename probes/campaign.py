@@ -250,8 +250,10 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
             from probes.hf import export_adapter
 
             model_path = run_dir / "model.safetensors"
-            if not (campaign.export == "adapter" and export_adapter(trainer.model, str(model_path))):
-                save_model(trainer.model, str(model_path))  # the whole model (or no adapter to export)
+            tmp = run_dir / f"model.safetensors.tmp-{os.getpid()}"  # a kill mid-export leaves no half file
+            if not (campaign.export == "adapter" and export_adapter(trainer.model, str(tmp))):
+                save_model(trainer.model, str(tmp))  # the whole model (or no adapter to export)
+            os.replace(tmp, model_path)
             (run_dir / "reference.json").write_text(json.dumps(control_outputs(trainer)))
             metric("export", trainer.update, time.perf_counter() - t2)
             event("finished", trainer.update, f"model sha256 {sha256(model_path)}")

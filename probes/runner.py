@@ -10,6 +10,7 @@ Rerunning skips finished configurations; failed ones rerun only with retry_faile
 from __future__ import annotations
 
 import contextlib
+import re
 import dataclasses
 import json
 import multiprocessing as mp
@@ -276,7 +277,9 @@ def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: 
     probe_id = new_id("p")
     result = GridResult([], [])
     own_tmp = workdir is None
-    workdir = workdir or tempfile.mkdtemp(prefix="rentplan-pilot-")
+    for name in clean_stale_temporaries(tempfile.gettempdir()):
+        progress(f"removed {name}: temporary checkpoints of a probe that was killed")
+    workdir = workdir or tempfile.mkdtemp(prefix=f"rentplan-pilot-{os.getpid()}-")
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         with Ledger(ledger_path) as ledger:
@@ -292,9 +295,25 @@ def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: 
                     todo.append(cfg)
             for i, cfg in enumerate(todo, 1):
                 run_id = new_id("r")
-                result.run_ids.append(run_id)
                 tag = f"[{i}/{len(todo)}] {cfg.label()}"
-                if not _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress):
+                holder = ledger.claim(cfg.key(), run_id)
+                if holder is not None:  # another probe is running it now: its lines will be in this ledger
+                    result.skipped.append(cfg)
+                    progress(f"skip {tag}: claimed by run {holder['run_id']} (pid {holder['pid']} on "
+                             f"{holder['host']}), running now")
+                    continue
+                try:
+                    state = ledger.run_status().get(cfg.key(), {}).get("state")
+                    if state == "done" or (state == "failed" and not retry_failed):  # finished meanwhile
+                        result.skipped.append(cfg)
+                        progress(f"skip {tag}: finished by another probe meanwhile")
+                        continue
+                    result.run_ids.append(run_id)
+                    with _heartbeat(ledger, cfg.key(), run_id):
+                        ok = _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress)
+                finally:
+                    ledger.release(cfg.key(), run_id)
+                if not ok:
                     result.interrupted = True
                     break
     finally:
@@ -302,6 +321,66 @@ def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: 
         if own_tmp:
             _rmtree(workdir)
     return result
+
+
+_STALE = re.compile(r"(?:rentplan-pilot-(\d+)-.*|.*\.tmp-(\d+))")
+
+
+def clean_stale_temporaries(folder, live_pids: set[int] | None = None) -> list[str]:
+    """Remove what a killed probe or run left in folder: pilot folders `rentplan-pilot-PID-*` and half-written
+    `*.tmp-PID` files whose process is gone. Returns the names removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _STALE.fullmatch(entry.name)
+        if not m or entry.is_symlink():
+            continue
+        pid = int(m.group(1) or m.group(2))
+        if (live_pids is not None and pid in live_pids) or (live_pids is None and _pid_alive(pid)):
+            continue
+        try:
+            if entry.is_dir():
+                _rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(entry.name)
+        except OSError:
+            pass  # someone else's file, or already gone: not ours to insist on
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _heartbeat(ledger: Ledger, key: str, run_id: str, every_s: float = 60.0):
+    """Refresh the claim while the configuration runs (its own connection: SQLite handles are per thread)."""
+    import threading
+
+    stop = threading.Event()
+
+    def beat():
+        with Ledger(ledger.path) as own:
+            while not stop.wait(every_s):
+                own.heartbeat(key, run_id)
+
+    t = threading.Thread(target=beat, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(5)
 
 
 def _launch_main(phases, cfg_dict, workdir, run_id, probe_id, conn) -> None:
