@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -54,25 +56,71 @@ def write_archive(dest: Path, run: pd.Series, run_dir: Path, metrics: pd.DataFra
     return files + [MANIFEST]
 
 
-def verify_archive(dest: Path) -> list[str]:
-    """Problems found (empty = intact): missing, extra or changed files."""
+def recorded_model_sha256(events: pd.DataFrame, run_id: str) -> str | None:
+    """The sha256 of the exported weights, as the run's `finished` event recorded it."""
+    done = events[(events["run_id"] == run_id) & (events["event"] == "finished")]
+    for detail in done["detail"]:
+        m = re.search(r"model sha256 ([0-9a-f]{64})", str(detail))
+        if m:
+            return m.group(1)
+    return None
+
+
+def verify_archive(dest: Path, recorded=None) -> tuple[list[str], str]:
+    """(problems, basis): missing, extra, changed, linked or escaping files; and, where `recorded(run_id)`
+    gives the ledger's sha256 of the weights, whether the archived weights are the ones the run exported."""
     path = dest / MANIFEST
-    if not path.is_file():
-        return [f"no {MANIFEST} in {dest}"]
-    manifest = json.loads(path.read_text())
+    if not dest.is_dir():
+        raise InputError(f"{dest} is not an archive folder.")
+    if not path.is_file() or path.is_symlink():
+        return [f"no {MANIFEST} in {dest}"], "nothing to check against"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if not isinstance(files, dict) or not all(isinstance(v, dict) and isinstance(v.get("sha256"), str)
+                                                  for v in files.values()):
+            raise TypeError("files must map names to {sha256, bytes}")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path} is not a rentplan archive manifest ({e}).") from None
     problems = []
-    for name, info in manifest["files"].items():
+    root = Path(os.path.abspath(dest))
+    for name, info in files.items():
         f = dest / name
-        if not f.is_file():
+        if Path(name).is_absolute() or ".." in Path(name).parts or not _inside(f, root):
+            problems.append(f"{name!r} points outside the archive: refused")
+        elif f.is_symlink() or any(p.is_symlink() for p in f.parents if _inside(p, root) and p != root):
+            problems.append(f"{name} is a symlink: refused (an archive holds its own files)")
+        elif not f.is_file():
             problems.append(f"missing: {name}")
         elif sha256(f) != info["sha256"]:
             problems.append(f"changed: {name} (sha256 differs from the manifest)")
-    extra = set(_files(dest)) - set(manifest["files"])
+    links = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_symlink())
+    problems += [f"{name} is a symlink: refused (an archive holds its own files)" for name in links
+                 if f"{name} is a symlink: refused (an archive holds its own files)" not in problems]
+    extra = set(_files(dest)) - set(files) - set(links)
     problems += [f"not in the manifest: {name}" for name in sorted(extra)]
-    return problems
+    basis = "checked against the manifest only (pass --ledger with the run's ledger to check the weights " \
+            "against the sha256 the run recorded)"
+    want = recorded(str(manifest.get("run_id"))) if recorded is not None else None
+    if want is not None:
+        basis = (f"checked against the manifest and against the sha256 the ledger recorded for "
+                 f"{manifest.get('run_id')}'s weights ({getattr(recorded, 'source', 'ledger')})")
+        model = dest / "model.safetensors"
+        if model.is_file() and not model.is_symlink() and sha256(model) != want:
+            problems.append("model.safetensors differs from the weights the ledger recorded when the run "
+                            "exported (the manifest was recomputed after a change)")
+    return problems, basis
+
+
+def _inside(p: Path, root: Path) -> bool:
+    try:
+        Path(os.path.abspath(p)).relative_to(root)
+        return True
+    except ValueError:
+        return False
 
 
 def _files(dest: Path) -> list[str]:
     """Every file under dest but the manifest, as paths relative to dest."""
-    return sorted(name for name in (p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
-                  if name != MANIFEST)
+    return sorted(name for name in (p.relative_to(dest).as_posix() for p in dest.rglob("*")
+                                    if p.is_file() and not p.is_symlink()) if name != MANIFEST)

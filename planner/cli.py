@@ -985,10 +985,19 @@ def campaign_finish(run_id, ledger_path, out):
     from probes.campaign import finish_check
     from probes.runner import call_in_worker
 
+    from planner.archive import sha256
+
     run = _run_row(ledger_path, run_id)
     run_dir = Path(out) / run_id
     if not (run_dir / "model.safetensors").is_file():
         raise InputError(f"no exported model for {run_id} in {run_dir} (did the run finish?).")
+    recorded = recorded_sha256_lookup(ledger_path)(run_id)
+    now = sha256(run_dir / "model.safetensors")
+    if recorded is None:
+        raise InputError(f"the ledger has no recorded sha256 for {run_id}'s weights (the run did not finish).")
+    if now != recorded:
+        raise InputError(f"{run_dir / 'model.safetensors'} has sha256 {now[:16]}…, not the {recorded[:16]}… the run "
+                         "recorded when it exported: these are not the weights it exported.")
     try:
         res = call_in_worker(finish_check, (run["config_json"], str(run_dir), int(run["seed"])), 600)
     except RuntimeError as e:
@@ -997,6 +1006,25 @@ def campaign_finish(run_id, ledger_path, out):
         raise click.ClickException("artifact differs from the one exported: " + "; ".join(res["differences"]))
     click.echo(f"{run_id}: the exported artifact reloads in a fresh process and reproduces the control outputs "
                f"(loss {res['loss']!r})")
+
+
+def recorded_sha256_lookup(ledger_path: str):
+    """run_id -> the model sha256 the ledger recorded when that run finished (None when the ledger is absent,
+    not a ledger, or has no such run): the basis that a recomputed manifest cannot fake."""
+    from planner.archive import recorded_model_sha256
+    from planner.errors import LedgerError
+
+    def lookup(run_id: str) -> str | None:
+        if not Path(ledger_path).is_file():
+            return None
+        try:
+            with Ledger(ledger_path, create=False) as led:
+                return recorded_model_sha256(led.table("campaign_events"), run_id)
+        except LedgerError:
+            return None
+
+    lookup.source = ledger_path
+    return lookup
 
 
 def _run_row(ledger_path: str, run_id: str) -> pd.Series:
@@ -1022,13 +1050,16 @@ def archive(target, folder, dest, ledger_path, out):
     if target == "verify":
         if not folder:
             raise InputError("archive verify needs the archive folder.")
-        problems = verify_archive(Path(folder))
+        problems, basis = verify_archive(Path(folder), recorded_sha256_lookup(ledger_path))
         if problems:
-            raise click.ClickException(f"archive {folder} is not intact: " + "; ".join(problems))
-        click.echo(f"archive {folder} is intact: every file matches its sha256 in manifest.json")
+            raise click.ClickException(f"archive {folder} is not intact: " + "; ".join(problems) + f" ({basis})")
+        click.echo(f"archive {folder} is intact: {basis}")
         return
     if not dest:
         raise InputError("archive RUN needs --to DIR.")
+    if Path(dest).exists() and (not Path(dest).is_dir() or any(Path(dest).iterdir())):
+        raise InputError(f"{dest} is not empty: an archive is written into a new or empty folder, so that "
+                         "nothing else is folded into its manifest.")
     from planner.render import render_template
     from planner.report import run_table
 
