@@ -26,6 +26,9 @@ VARIANT_KEYS = {"id", "priority", "seed", "note", *VARIANT_SETTINGS}
 QUALITY_KEYS = {"metric", "max_worse"}
 QUALITY_METRICS = ("val_loss", "val_accuracy")
 EXPORTS = ("model", "adapter")
+# Bounds against typos and abuse, far above any real campaign (a bound is named in the error).
+LIMITS = {"effective_batch": 1 << 20, "updates": 10**8, "seq_len": 1 << 20, "setup_hours": 8760.0,
+          "budget_usd": 1e9, "lr": 1e6, "count": 10**9}
 DIVERGE_ABOVE = 10.0  # a loss above 10 × the run's first loss is divergence, whatever the stop rules say
 
 
@@ -152,13 +155,14 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
     for key in ("name", "workload"):
         if data.get(key) is not None:
             p.text(key, data[key])
+    counts = {}
     for key in ("effective_batch", "updates", "seq_len"):
         if data.get(key) is not None:
-            p.number(key, data[key], positive=True, integer=True)
+            counts[key] = p.number(key, data[key], positive=True, integer=True, maximum=LIMITS[key])
     if data.get("setup_hours") is not None:
-        p.number("setup_hours", data["setup_hours"], positive=True, allow_zero=True)
+        p.number("setup_hours", data["setup_hours"], positive=True, allow_zero=True, maximum=LIMITS["setup_hours"])
     if data.get("budget_usd") is not None:
-        p.number("budget_usd", data["budget_usd"], positive=True)
+        p.number("budget_usd", data["budget_usd"], positive=True, maximum=LIMITS["budget_usd"])
     if data.get("params") is not None and not isinstance(data["params"], dict):
         p.add("params", "must be a mapping of workload parameters")
     if data.get("export", "model") not in EXPORTS:
@@ -173,9 +177,9 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
         p.add("compare", f"the declared variable must be one of {', '.join(VARIANT_SETTINGS)}, "
                          f"got {data.get('compare')!r}")
     if data.get("micro_batch") is not None:
-        _micro_batch(p, "micro_batch", data["micro_batch"], data.get("effective_batch"))
+        _micro_batch(p, "micro_batch", data["micro_batch"], counts.get("effective_batch"))
     if data.get("lr") is not None:
-        p.number("lr", data["lr"], positive=True)
+        p.number("lr", data["lr"], positive=True, maximum=LIMITS["lr"])
     if data.get("diverge_above") is not None:
         k = p.number("diverge_above", data["diverge_above"], positive=True)
         if k is not None and k <= 1:
@@ -194,7 +198,7 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
         p.require("eval", ev, ["every_updates", "examples", "seq_len"])
         for key in EVAL_KEYS:
             if ev.get(key) is not None:
-                p.number(f"eval.{key}", ev[key], positive=True, integer=True)
+                p.number(f"eval.{key}", ev[key], positive=True, integer=True, maximum=LIMITS["count"])
     stop = data.get("stop_if")
     if stop is not None and p.mapping("stop_if", stop, STOP_KEYS) is not None:
         if "nonfinite" in stop and p.boolean("stop_if.nonfinite", stop["nonfinite"]) is False:
@@ -226,13 +230,13 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
                         p.add(f"{path}.id", f"duplicate variant id {v['id']!r}")
                     ids.add(v["id"])
                 if v.get("lr") is not None:
-                    p.number(f"{path}.lr", v["lr"], positive=True)
+                    p.number(f"{path}.lr", v["lr"], positive=True, maximum=LIMITS["lr"])
                 if v.get("priority") is not None:
                     p.number(f"{path}.priority", v["priority"], positive=True, integer=True)
                 if v.get("seed") is not None:
                     p.number(f"{path}.seed", v["seed"], positive=True, allow_zero=True, integer=True)
                 if v.get("micro_batch") is not None:
-                    _micro_batch(p, f"{path}.micro_batch", v["micro_batch"], data.get("effective_batch"))
+                    _micro_batch(p, f"{path}.micro_batch", v["micro_batch"], counts.get("effective_batch"))
                 if v.get("checkpointing") is not None:
                     p.boolean(f"{path}.checkpointing", v["checkpointing"])
                 if v.get("precision") is not None and v["precision"] not in PRECISIONS:
@@ -261,9 +265,9 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
 
 
 def _micro_batch(p: Problems, path: str, value, effective_batch) -> None:
-    mb = p.number(path, value, positive=True, integer=True)
-    if mb and isinstance(effective_batch, int) and effective_batch % int(mb):
-        p.add(path, f"{int(mb)} does not divide effective_batch {effective_batch} (accumulation must be whole)")
+    mb = p.number(path, value, positive=True, integer=True, maximum=LIMITS["effective_batch"])
+    if mb and effective_batch and int(effective_batch) % int(mb):
+        p.add(path, f"{int(mb)} does not divide effective_batch {int(effective_batch)} (accumulation must be whole)")
 
 
 def _int(x) -> int:

@@ -172,9 +172,9 @@ def parse_catalog(data, source: str) -> Catalog:
     raw_offers = data.get("offers")
     if raw_offers is None:
         raw_offers = []
-    if not isinstance(raw_offers, list):
-        p.add("offers", "must be a list")
-        raw_offers = []
+    if not isinstance(raw_offers, list) or not raw_offers:
+        p.add("offers", "must be a non-empty list: a catalog without offers has nothing to rent")
+        raw_offers = raw_offers if isinstance(raw_offers, list) else []
     seen: set[str] = set()
     known_gpu_ids = {g.get("id") for g in raw_gpus if isinstance(g, dict)}
     for i, o in enumerate(raw_offers):
@@ -189,18 +189,21 @@ def parse_catalog(data, source: str) -> Catalog:
                    sources=dict(data.get("sources") or {}))
 
 
+# (minimum, maximum) of each GPU figure: a value outside is a typo or an attack, and would break the planner.
+GPU_BOUNDS = {"memory_gb_marketed": (0.25, 4096), "memory_gib_usable": (0.25, 4096), "mem_bandwidth_tbps": (0.01, 100),
+              "bf16_dense_tflops": (0.1, 1e5), "fp16_dense_tflops": (0.1, 1e5), "tf32_dense_tflops": (0.1, 1e5),
+              "fp32_tflops": (0.1, 1e5), "fp8_dense_tflops": (0.1, 1e5), "nvlink_gbps": (1, 1e5),
+              "mamf_bf16_tflops": (0.1, 1e5), "tdp_w": (1, 1e5)}
+
+
 def _parse_gpu(p: Problems, path: str, g) -> Gpu | None:
     n0 = len(p.items)
     if p.mapping(path, g, GPU_KEYS) is None:
         return None
     p.require(path, g, GPU_REQUIRED)
-    for key in ("memory_gb_marketed", "memory_gib_usable", "mem_bandwidth_tbps"):
+    for key, (lo, hi) in GPU_BOUNDS.items():
         if g.get(key) is not None:
-            p.number(f"{path}.{key}", g[key], positive=True)
-    for key in ("bf16_dense_tflops", "fp16_dense_tflops", "tf32_dense_tflops", "fp32_tflops", "fp8_dense_tflops",
-                "nvlink_gbps", "mamf_bf16_tflops", "tdp_w"):
-        if g.get(key) is not None:
-            p.number(f"{path}.{key}", g[key], positive=True)
+            p.number(f"{path}.{key}", g[key], positive=True, minimum=lo, maximum=hi)
     for key in ("bf16_supported", "fp8_supported"):
         if g.get(key) is not None:
             p.boolean(f"{path}.{key}", g[key])
@@ -215,10 +218,10 @@ def _parse_gpu(p: Problems, path: str, g) -> Gpu | None:
         usable_bytes=int(float(g["memory_gib_usable"]) * GiB), mem_bandwidth_tbps=float(g["mem_bandwidth_tbps"]),
         bf16_supported=g["bf16_supported"], fp8_supported=g["fp8_supported"],
         compute_capability=_opt_str(g.get("compute_capability")), arch=g.get("arch"),
-        bf16_dense_tflops=g.get("bf16_dense_tflops"), fp16_dense_tflops=g.get("fp16_dense_tflops"),
-        tf32_dense_tflops=g.get("tf32_dense_tflops"), fp32_tflops=g.get("fp32_tflops"),
-        fp8_dense_tflops=g.get("fp8_dense_tflops"), interconnect=g.get("interconnect"),
-        nvlink_gbps=g.get("nvlink_gbps"), mamf_bf16_tflops=g.get("mamf_bf16_tflops"),
+        bf16_dense_tflops=_num(g.get("bf16_dense_tflops")), fp16_dense_tflops=_num(g.get("fp16_dense_tflops")),
+        tf32_dense_tflops=_num(g.get("tf32_dense_tflops")), fp32_tflops=_num(g.get("fp32_tflops")),
+        fp8_dense_tflops=_num(g.get("fp8_dense_tflops")), interconnect=g.get("interconnect"),
+        nvlink_gbps=_num(g.get("nvlink_gbps")), mamf_bf16_tflops=_num(g.get("mamf_bf16_tflops")),
         min_cuda=_opt_str(g.get("min_cuda")), software=g.get("software") or "cuda",
         sources=tuple(g.get("sources") or ()), unverified=tuple(str(u) for u in g.get("unverified") or ()))
 
@@ -229,21 +232,27 @@ def _parse_offer(p: Problems, path: str, o, gpu_ids: set) -> Offer | None:
         return None
     p.require(path, o, OFFER_REQUIRED)
     if o.get("price_per_instance_hour_usd") is not None:
-        p.number(f"{path}.price_per_instance_hour_usd", o["price_per_instance_hour_usd"], positive=True)
+        p.number(f"{path}.price_per_instance_hour_usd", o["price_per_instance_hour_usd"], positive=True,
+                 maximum=10_000)
     if o.get("gpus_per_instance") is not None:
-        p.number(f"{path}.gpus_per_instance", o["gpus_per_instance"], positive=True, integer=True)
+        p.number(f"{path}.gpus_per_instance", o["gpus_per_instance"], positive=True, integer=True, maximum=64)
     if o.get("billing_minimum_hours") is not None:
-        p.number(f"{path}.billing_minimum_hours", o["billing_minimum_hours"], positive=True, allow_zero=True)
+        p.number(f"{path}.billing_minimum_hours", o["billing_minimum_hours"], positive=True, allow_zero=True,
+                 maximum=8760)
     if o.get("spot") is not None:
         p.boolean(f"{path}.spot", o["spot"])
+    nodes = 1
     if o.get("nodes") is not None:
-        p.number(f"{path}.nodes", o["nodes"], positive=True, integer=True)
+        nodes = p.number(f"{path}.nodes", o["nodes"], positive=True, integer=True, maximum=4096) or 1
     if o.get("network_gbps") is not None:
-        p.number(f"{path}.network_gbps", o["network_gbps"], positive=True)
-    if isinstance(o.get("nodes"), int) and o["nodes"] > 1:  # cross-node time needs the network's speed
+        p.number(f"{path}.network_gbps", o["network_gbps"], positive=True, maximum=100_000)
+    for key in ("id", "provider", "as_of", "source"):
+        if o.get(key) is not None and not isinstance(o[key], (str, int, float)) or isinstance(o.get(key), bool):
+            p.add(f"{path}.{key}", f"must be text, got {o[key]!r}")
+    if nodes > 1:  # cross-node time needs the network's speed
         for key in ("network", "network_gbps"):
             if o.get(key) is None:
-                p.add(f"{path}.{key}", f"required when nodes > 1 ({o['nodes']} nodes): "
+                p.add(f"{path}.{key}", f"required when nodes > 1 ({int(nodes)} nodes): "
                                        + ("the interconnect's name" if key == "network" else
                                           "the node's network bandwidth in Gbit/s"))
     gpu = o.get("gpu")
@@ -256,9 +265,14 @@ def _parse_offer(p: Problems, path: str, o, gpu_ids: set) -> Offer | None:
                  price_per_instance_hour_usd=float(o["price_per_instance_hour_usd"]), spot=o["spot"],
                  as_of=str(o["as_of"]), source=str(o["source"]),
                  billing_minimum_hours=float(o.get("billing_minimum_hours") or 0.0), instance=o.get("instance"),
-                 note=o.get("note"), nodes=int(o.get("nodes") or 1), network=o.get("network"),
+                 note=o.get("note"), nodes=int(nodes), network=o.get("network"),
                  network_gbps=None if o.get("network_gbps") is None else float(o["network_gbps"]),
                  unverified=tuple(str(u) for u in o.get("unverified") or ()))
+
+
+def _num(x) -> float | None:
+    """A validated number (YAML may hand over '121' or 1e3 as text)."""
+    return None if x is None else float(x)
 
 
 def _opt_str(x) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -94,12 +95,39 @@ def lines_view(df: pd.DataFrame, fmt: str) -> pd.DataFrame:
     return view
 
 
-def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    from probes.pilot import auto_device  # only the commands that run pilots get here (torch)
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
-    return auto_device()
+
+def resolve_device(device: str) -> str:
+    """auto | cpu | cuda | cuda:N, checked here: a device this machine lacks is refused before anything runs."""
+    if not DEVICE.fullmatch(str(device)):
+        raise InputError(f"--device {device!r} must be auto, cpu, cuda or cuda:N.")
+    if device == "cpu":
+        return device
+    import torch  # only the commands that run pilots get here
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise InputError(f"--device {device}: no CUDA device on this machine (torch {torch.__version__}). "
+                         "Use --device cpu, or run on a GPU machine with the CUDA build of torch.")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s).")
+    return device
+
+
+def checked_count(name: str, value, lo: int = 1, hi: int = 1 << 20) -> int | None:
+    """An optional whole number given on the command line or in a grid file, within [lo, hi]."""
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a whole number, got {value!r}.") from None
+    if isinstance(value, bool) or not v.is_integer() or not lo <= v <= hi:
+        raise InputError(f"{name} must be a whole number from {lo} to {hi:,}, got {value!r}.")
+    return int(v)
 
 
 def resolve_cap(cap: str | None, catalog_path: str | None) -> tuple[str, int | None]:
@@ -172,18 +200,39 @@ def spec_from_options(o: dict) -> GridSpec:
         micro_batch=parse_list(pick("micro_batch"), positive_int, "--micro-batch"),
         seq_len=parse_list(pick("seq_len"), positive_int, "--seq-len"),
         eval_seq_len=parse_list(pick("eval_seq_len"), positive_int, "--eval-seq-len"),
-        eval_micro_batch=pick("eval_micro_batch"),
+        eval_micro_batch=checked_count("--eval-micro-batch", pick("eval_micro_batch")),
         precision=parse_list(pick("precision"), str, "--precision"),
         checkpointing=parse_list(pick("checkpointing"), on_off, "--checkpointing"),
         optimizer=parse_list(pick("optimizer"), str, "--optimizer"),
         grad_accum=parse_list(pick("grad_accum"), positive_int, "--grad-accum"),
-        effective_batch=pick("effective_batch"), steady_updates=pick("steady_updates") or 3,
-        lr=pick("lr") or 1e-4, cap=cap_label, cap_bytes=cap_bytes, device=resolve_device(o.get("device") or "auto"),
-        strategy=pick("strategy") or "single", nproc=pick("nproc") or 1)
+        effective_batch=checked_count("--effective-batch", pick("effective_batch")),
+        steady_updates=checked_count("--steady-updates", pick("steady_updates"), 3, 10_000) or 3,
+        lr=checked_lr(pick("lr")), cap=cap_label, cap_bytes=cap_bytes,
+        device=resolve_device(o.get("device") or pick("device") or "auto"),
+        strategy=pick("strategy") or "single", nproc=checked_count("--nproc", pick("nproc"), 1, 1024) or 1)
+
+
+def checked_lr(value) -> float:
+    if value is None:
+        return 1e-4
+    try:
+        lr = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"--lr must be a number, got {value!r}.") from None
+    if not 0 < lr < float("inf"):
+        raise InputError(f"--lr must be a positive number, got {value!r}.")
+    return lr
+
+
+def checked_timeout(timeout_s: float) -> float:
+    if not 0 < timeout_s <= 7 * 24 * 3600:
+        raise InputError(f"--timeout must be a number of seconds above 0 (at most a week), got {timeout_s:g}.")
+    return timeout_s
 
 
 def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: bool):
     """Check the workload here (clear errors before any worker starts), then run the grid."""
+    checked_timeout(timeout_s)
     from probes.runner import run_grid, start_workers
 
     start_workers()  # warms up in parallel with the check below
@@ -218,6 +267,7 @@ def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: 
 @friendly_errors
 def probe(ledger_path, timeout_s, retry_failed, find, fmt, **opts):
     """Run the pilot grid: every configuration through every phase, one ledger line per phase."""
+    checked_timeout(timeout_s)
     spec = spec_from_options(opts)
     if find:
         return run_find(spec, find, ledger_path, fmt)
@@ -266,6 +316,7 @@ def estimate(ledger_path, target, timeout_s, fmt, **opts):
     --strategy fsdp --nproc N: rank 0 of N, sharded, on a fake process group (no N devices needed).
 
     Example: rentplan estimate -p layers=24 -p d_model=2048 --seq-len 2048 --precision bf16 --target a100_80gb"""
+    checked_timeout(timeout_s)
     opts["device"] = "cpu"
     spec = spec_from_options(opts)
     spec.mode = "estimated"

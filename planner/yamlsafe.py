@@ -105,7 +105,7 @@ class Problems:
                 self.add(_join(path, key), "missing")
 
     def number(self, path: str, value: Any, *, positive: bool = False, allow_zero: bool = False,
-               integer: bool = False) -> float | None:
+               integer: bool = False, maximum: float | None = None, minimum: float | None = None) -> float | None:
         if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
             value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string; it plainly means a number
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -119,6 +119,12 @@ class Problems:
             return None
         if positive and (value < 0 or (value == 0 and not allow_zero)):
             self.add(path, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+            return None
+        if maximum is not None and value > maximum:
+            self.add(path, f"must be at most {maximum:,g}, got {value!r}")
+            return None
+        if minimum is not None and value < minimum:
+            self.add(path, f"must be at least {minimum:g}, got {value!r}")
             return None
         return value
 

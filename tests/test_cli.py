@@ -139,7 +139,7 @@ def test_bad_workload_references_are_errors_not_tracebacks():
                           (f"{WORKLOADS}:missing", "has no function 'missing'"),
                           (f"{WORKLOADS}:not_a_workload", "missing name, build_model, make_batch, compute_loss"),
                           (f"{WORKLOADS}:raises", "raised ValueError: bad parameter combination"),
-                          ("no_such_module_xyz:f", "cannot import module")]:
+                          ("no_such_module_xyz:f", "cannot find module")]:
         r = runner.invoke(cli, ["probe", "-w", ref, "--device", "cpu"])
         assert r.exit_code == 1 and "Error: " in r.output and fragment in r.output, (ref, r.output)
         assert "Traceback" not in r.output
