@@ -39,6 +39,14 @@ def friendly_errors(fn):
             return fn(*args, **kwargs)
         except RentplanError as e:
             raise click.ClickException(str(e)) from None
+        except UnicodeDecodeError as e:  # a file read as text that is not UTF-8
+            raise click.ClickException(f"a file is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
+                                       "UTF-8 and run again.") from None
+        except OSError as e:  # unreadable input, unwritable output folder, disk full
+            where = f"{e.filename}: " if e.filename else ""
+            raise click.ClickException(f"{where}{e.strerror or e}. Check the path and its permissions "
+                                       "(nothing was changed)." if not isinstance(e, IsADirectoryError) else
+                                       f"{where}is a folder; a file was expected.") from None
         except KeyboardInterrupt:
             click.echo("Interrupted: every line written so far is in the ledger; rerun the same command to "
                        "continue where it stopped.", err=True)

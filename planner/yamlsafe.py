@@ -26,6 +26,9 @@ class _StrictLoader(yaml.SafeLoader):
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(None, None, "a key must be a plain word or number, not a list "
+                                                    "or mapping", key_node.start_mark)
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
@@ -62,7 +65,13 @@ def load_yaml_file(path: str | Path, what: str) -> Any:
     size = p.stat().st_size
     if size > MAX_YAML_BYTES:
         raise InputError(f"{p} is {size} bytes, over the {MAX_YAML_BYTES // 1024} KiB limit for {what} files.")
-    return load_yaml_text(p.read_text(), str(p))
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{p} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8.") from None
+    except OSError as e:
+        raise InputError(f"cannot read {p}: {e.strerror}.") from None
+    return load_yaml_text(text, str(p))
 
 
 def _yaml_message(e: yaml.YAMLError) -> str:

@@ -11,13 +11,12 @@ import importlib.util
 import json
 import os
 import tempfile
-from pathlib import Path
 
 import torch
 
 from planner.catalog import load_catalog
-from planner.errors import InputError
 from planner.ledger import read_lines
+from planner.orders import load_order
 from planner.records import ProbeConfig
 from planner.timing import match_catalog_gpu
 
@@ -37,17 +36,6 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 def _check(name: str, ok: bool | None, detail: str) -> dict:
     return {"name": name, "status": "pass" if ok else ("warn" if ok is None else "fail"), "detail": detail}
-
-
-def load_order(path: str) -> dict:
-    try:
-        order = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"{path} is not a readable order.json ({e}). Make one with `rentplan plan --out DIR`.")
-    missing = [k for k in ("expect", "settings", "plan") if k not in order]
-    if order.get("format") != "rentplan-order/1" or missing:
-        raise InputError(f"{path} is not a rentplan order (missing {', '.join(missing) or 'format'}).")
-    return order
 
 
 def device_checks(order: dict) -> tuple[list[dict], str | None]:
@@ -89,6 +77,13 @@ def software_checks(order: dict) -> list[dict]:
     if want:
         ok = _version_tuple(torch.__version__)[:2] >= _version_tuple(want)[:2]
         checks.append(_check("torch", ok, f"{torch.__version__} installed; order asks >= {want}"))
+    from planner.errors import WorkloadError
+    from probes.workloads import describe_workload
+
+    try:
+        checks.append(_check("workload", True, "will import " + describe_workload(order["settings"]["workload"])))
+    except WorkloadError as e:
+        checks.append(_check("workload", False, str(e)))
     missing = [p for p in order.get("packages", []) if importlib.util.find_spec(p) is None]
     checks.append(_check("packages", not missing, "missing: " + ", ".join(missing) if missing else
                          "all importable: " + ", ".join(order.get("packages", []))))

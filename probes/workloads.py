@@ -119,6 +119,20 @@ def _own_callable(module, func: str, target: str, ref: str):
     return obj
 
 
+def describe_workload(ref: str) -> str:
+    """What a reference will import and call, resolved under the same rules as load_workload, without calling
+    anything of the workload's (its module is imported: that is how Python finds the function)."""
+    if ref.startswith(("builtin:", "hf:")):
+        return f"{ref} (rentplan's own loader)"
+    obj = _factory(ref)
+    try:
+        line = inspect.getsourcelines(obj)[1]
+        where = f"{inspect.getsourcefile(obj)}, line {line}"
+    except (OSError, TypeError):
+        where = getattr(obj, "__module__", "?")
+    return f"{'class' if inspect.isclass(obj) else 'function'} {obj.__qualname__} in {where}"
+
+
 def load_workload(ref: str, params: dict[str, Any] | None = None):
     """Call the workload's factory with params and check the returned object against the contract."""
     factory = _factory(ref)
