@@ -463,3 +463,28 @@ def test_an_older_ledger_is_backed_up_before_it_is_migrated(tmp_path):
     con = sqlite3.connect(backup)
     assert con.execute("SELECT value FROM meta").fetchone()[0] == "1"
     assert con.execute("SELECT COUNT(*) FROM lines").fetchone()[0] > 0
+
+
+def test_two_probes_on_one_ledger_run_each_configuration_once(tmp_path):
+    """The user's steps: two terminals start the same probe on one ledger at once."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    from planner.ledger import read_lines
+    from tests.conftest import ROOT
+
+    led = tmp_path / "l.db"
+    args = [sys.executable, "-m", "planner", "probe", "--micro-batch", "1,2,3", "--seq-len", "8",
+            "--eval-seq-len", "8", "-p", "layers=1", "-p", "d_model=16", "-p", "heads=2", "-p", "vocab=32",
+            "--ledger", str(led), "--device", "cpu"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    df = read_lines(led)
+    runs = df.groupby("config_key")["run_id"].nunique()
+    assert len(runs) == 3 and (runs == 1).all(), runs  # three configurations, one run each
+    said = "".join(err for _, err in outs)
+    assert "claimed by run" in said or "finished by another probe" in said or "skip" in said
