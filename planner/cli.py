@@ -112,17 +112,9 @@ def resolve_device(device: str) -> str:
         raise InputError(f"--device {device!r} must be auto, cpu, cuda or cuda:N.")
     if device == "cpu":
         return device
-    import torch  # only the commands that run pilots get here
+    from probes.pilot import available_device  # only the commands that run pilots get here (torch)
 
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if not torch.cuda.is_available():
-        raise InputError(f"--device {device}: no CUDA device on this machine (torch {torch.__version__}). "
-                         "Use --device cpu, or run on a GPU machine with the CUDA build of torch.")
-    index = int(device.split(":")[1]) if ":" in device else 0
-    if index >= torch.cuda.device_count():
-        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s).")
-    return device
+    return available_device(device)
 
 
 def checked_count(name: str, value, lo: int = 1, hi: int = 1 << 20) -> int | None:

@@ -62,6 +62,7 @@ class Ledger:
     def __init__(self, path: str | Path, create: bool = True):
         self.path = Path(path)
         self.read_only = not create
+        self.backup: Path | None = None  # where an older ledger was copied before this handle migrated it
         if not create and not self.path.exists():
             raise LedgerError(f"no ledger at {self.path}. Run `rentplan probe` first, or pass --ledger PATH.")
         if self.path.is_dir():

@@ -44,8 +44,19 @@ def cuda_allocator_model():
         return None
 
 
-def auto_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def available_device(device: str) -> str:
+    """'auto' -> cuda when present, else cpu; 'cuda[:N]' only when this machine has that device."""
+    from planner.errors import InputError
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise InputError(f"--device {device}: no CUDA device on this machine (torch {torch.__version__}). "
+                         "Use --device cpu, or run on a GPU machine with the CUDA build of torch.")
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s).")
+    return device
 
 
 def cpu_name() -> str:
