@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.records import PHASES
+from planner.records import OBSERVED_PHASES, PHASES
 
 NEAREST = 8
 SHAPE = ["micro_batch", "seq_len", "eval_micro_batch", "eval_seq_len"]
@@ -48,8 +48,16 @@ def run_facts(lines: pd.DataFrame) -> pd.DataFrame:
     rank0 = df[df["rank"] == 0] if "rank" in df else df
     base = rank0.groupby("run_id").first()[[c for c in CONFIG if c in df]]
     ok = df.assign(_ok=df["verdict"] == "ok").groupby("run_id").agg(
-        _all_ok=("_ok", "all"), _phases=("phase", "nunique"), newest=("_order", "max"))
-    base["complete"] = ok["_all_ok"] & (ok["_phases"] == len(PHASES))
+        _all_ok=("_ok", "all"), newest=("_order", "max"))
+    # Complete: every line ok, and every phase its source promises (a probe runs all seven; the user's own loop,
+    # seen by a callback or --script, at least setup, first_step, steady and eval).
+    source = (df["source"].fillna("").replace("", "probe") if "source" in df
+              else pd.Series("probe", index=df.index))
+    phases = df.assign(_source=source).groupby("run_id").agg(_phases=("phase", set), _source=("_source", "first"))
+    needed = phases["_source"].map(lambda s: set(PHASES) if s == "probe" else set(OBSERVED_PHASES))
+    have_all = pd.Series([n <= p for n, p in zip(needed, phases["_phases"])], index=phases.index)
+    base["complete"] = ok["_all_ok"] & have_all.reindex(ok.index)
+    base["source"] = phases["_source"]
     base["newest"] = ok["newest"]
     for phase, cols in FACTS.items():
         rows = rank0[rank0["phase"] == phase].drop_duplicates("run_id", keep="last").set_index("run_id")
@@ -103,7 +111,9 @@ class Evidence:
 
     def describe(self) -> str:
         cap = "; capped runs (no uncapped run of this family)" if self.capped else ""
-        return f"{RANK_NAMES[self.rank]}: {len(self.facts)} run(s) nearest the campaign's shape{cap}"
+        sources = sorted(set(self.facts["source"]) - {"probe"}) if "source" in self.facts else []
+        own = f"; the user's own loop ({', '.join(sources)})" if sources else ""
+        return f"{RANK_NAMES[self.rank]}: {len(self.facts)} run(s) nearest the campaign's shape{cap}{own}"
 
 
 def shape_distance(facts: pd.DataFrame, micro_batch: int, seq_len: int) -> pd.Series:

@@ -29,7 +29,10 @@ class Verdict(str, enum.Enum):
 FAILED = {Verdict.OOM, Verdict.NONFINITE, Verdict.ERROR, Verdict.TIMEOUT, Verdict.KILLED}
 
 PHASES = ("setup", "first_step", "steady", "eval", "save", "export", "resume")
-TRAIN_PHASES = ("setup", "first_step", "steady")
+# A run of the user's own loop (callbacks, --script) sizes a campaign once it has these: save, export and
+# resume happen only where that loop does them.
+OBSERVED_PHASES = ("setup", "first_step", "steady", "eval")
+SOURCES = ("probe", "hf-trainer", "lightning", "script")
 MODES = ("measured", "estimated")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -141,6 +144,9 @@ class Line:
     loss_last: float | None = None
     nonfinite_update: int | None = None
     detail: str = ""
+    # Who wrote the line: "probe" (rentplan ran the loop, every phase in order) or the user's own loop seen by a
+    # callback ("hf-trainer", "lightning") or by `probe --script` ("script"). Empty in older ledgers = probe.
+    source: str = "probe"
 
     @classmethod
     def from_config(cls, cfg: ProbeConfig, **kw) -> "Line":
