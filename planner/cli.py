@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -585,7 +586,7 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
         order = None if pick is None else order_document(campaign, pick, result.lines, catalog, headroom)
     if out:
         written = write_outputs(Path(out), campaign, result.sheet, result.plans, result.budget, result.lines,
-                                catalog, headroom, order)
+                                catalog, headroom, order, spec_path=str(campaign_path))
         progress("wrote " + ", ".join(str(p) for p in written))
     if fmt == "json":
         click.echo(json.dumps({"selection": json.loads(render(result.sheet, "json")),
@@ -911,6 +912,11 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
     from planner.campaign import load_campaign
     from probes.campaign import device_start_up, run_variant
 
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.isdigit() and int(world) > 1:  # under torchrun every rank would train the whole campaign again
+        raise InputError(f"campaign run trains each variant in one process, but this is one of {world} processes "
+                         "(torchrun). Run it once per machine (rentplan campaign run SPEC), or train with your own "
+                         "distributed loop and record it with probes.callbacks.")
     camp = load_campaign(campaign_path)
     chosen = [v for v in camp.variants if not variant_ids or v.id in variant_ids]
     unknown = set(variant_ids) - {v.id for v in camp.variants}

@@ -274,12 +274,15 @@ def order_document(campaign: Campaign, rec: pd.Series, lines: pd.DataFrame, cata
     """order.json: what to rent, at which settings, and what `rentplan verify` must find on the machine."""
     gpu = catalog.gpu(rec["gpu"])
     stack = stack_for(rec, lines)
+    offer = next((o for o in catalog.offers if o.id == rec["offer"]), None)
+    region = offer.note[len("region "):] if offer and (offer.note or "").startswith("region ") else None
     return {
         "format": "rentplan-order/1",
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "campaign": campaign.name,
         "offer": {"id": rec["offer"], "provider": rec["provider"], "instance": rec["instance"],
                   "gpus_per_instance": int(rec["gpus_per_instance"]), "nodes": int(rec["nodes"]),
+                  "spot": bool(rec["spot"]), "region": region,
                   "network": rec["network"],
                   "price_per_instance_hour_usd": float(rec["price_per_instance_hour_usd"]),
                   "price_per_hour_usd": float(rec["price_per_hour_usd"]),
@@ -305,7 +308,8 @@ def order_document(campaign: Campaign, rec: pd.Series, lines: pd.DataFrame, cata
 
 
 def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, budget: dict,
-                  lines: pd.DataFrame, catalog: Catalog, headroom: float, order: dict | None) -> list[Path]:
+                  lines: pd.DataFrame, catalog: Catalog, headroom: float, order: dict | None,
+                  spec_path: str | None = None) -> list[Path]:
     from planner.figures import available, order_sheet_figures
 
     sweep_orphans(out)
@@ -321,6 +325,10 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
     }
     if order is not None:
         files["order.json"] = json.dumps(_no_nan(order), indent=2, default=_json_default, allow_nan=False)
+        if spec_path is not None and order["offer"]["id"] != "local":
+            from planner.skypilot import order_task
+
+            files["sky.yaml"] = order_task(order, lines, str(out), spec_path)
     written = []
     for name, text in files.items():
         atomic_write(out / name, text)

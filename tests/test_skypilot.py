@@ -1,0 +1,107 @@
+"""The order ships as a SkyPilot task: `plan --out` writes sky.yaml beside order.json, and SkyPilot's own parser
+(`sky.Task.from_yaml`, run in the environment `make sky` builds: skypilot pins a click that transformers' hub
+refuses, so it lives apart) accepts it with the order's accelerator, count, spot, cloud, nodes and launch."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from planner.cli import cli
+from planner.skypilot import disk_gb, sky_task
+from tests.factories import campaign_yaml, standard_ledger
+
+ROOT = Path(__file__).resolve().parents[1]
+SKY_PYTHON = os.environ.get("RENTPLAN_SKY_PYTHON", str(ROOT / ".venv-sky" / "bin" / "python"))
+SKY_READY = "RENTPLAN_SKY_PYTHON" in os.environ or (ROOT / ".venv-sky" / "installed").exists()
+PARSE = """
+import json, sys
+import sky
+t = sky.Task.from_yaml(sys.argv[1])
+(r,) = list(t.resources)
+print(json.dumps({"accelerators": r.accelerators, "use_spot": r.use_spot, "cloud": str(r.cloud) if r.cloud else None,
+                  "disk_size": r.disk_size, "num_nodes": t.num_nodes, "run": t.run, "setup": t.setup}))
+"""
+
+
+def planned(tmp_path, offer, catalog=None):
+    ledger = standard_ledger(tmp_path / "l.db")
+    camp = tmp_path / "c.yaml"
+    camp.write_text(campaign_yaml())
+    out = tmp_path / offer
+    args = ["plan", "--campaign", str(camp), "--ledger", ledger, "--out", str(out), "--offer", offer]
+    r = CliRunner().invoke(cli, args + (["--catalog", str(catalog)] if catalog else []))
+    assert r.exit_code == 0, r.output
+    return json.loads((out / "order.json").read_text()), out / "sky.yaml"
+
+
+def sky_parse(path):
+    if not SKY_READY:
+        pytest.skip(f"SkyPilot's parser is not installed: run `make sky` (it builds {SKY_PYTHON})")
+    r = subprocess.run([SKY_PYTHON, "-c", PARSE, str(path)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def multi_node_catalog(tmp_path):
+    doc = yaml.safe_load((ROOT / "catalog.yaml").read_text())
+    doc["offers"].append({"id": "aws-h100-2node", "gpu": "h100_sxm", "provider": "aws", "instance": "p5.48xlarge",
+                          "gpus_per_instance": 8, "nodes": 2, "network": "EFA", "network_gbps": 3200,
+                          "price_per_instance_hour_usd": 55.04, "spot": False, "as_of": "2026-11-01",
+                          "source": "aws_vantage", "note": "region us-east-1"})
+    path = tmp_path / "catalog.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("offer, want", [
+    ("azure-h100_nvl-1x-spot", {"accelerators": {"H100-NVL": 1}, "use_spot": True, "cloud": "Azure", "num_nodes": 1}),
+    ("aws-h200_sxm-8x", {"accelerators": {"H200": 8}, "use_spot": False, "cloud": "AWS", "num_nodes": 1}),
+])
+def test_sky_accepts_the_order(tmp_path, offer, want):
+    order, path = planned(tmp_path, offer)
+    task = sky_parse(path)
+    assert {k: task[k] for k in want} == want
+    assert f"rentplan verify {os.path.relpath(path.parent / 'order.json')}" in task["run"]
+    strategy = order["settings"]["strategy"]
+    if strategy == "single":
+        assert "rentplan campaign run" in task["run"] and "torchrun" not in task["run"]
+    else:
+        assert "torchrun" in task["run"] and "$SKYPILOT_NODE_RANK" in task["run"]
+    assert "pip install -q 'torch==2.13.0'" in task["setup"]  # the pilot's torch, without +cpu
+
+
+def test_multi_node_offer_gives_num_nodes_region_and_torchrun(tmp_path):
+    order, path = planned(tmp_path, "aws-h100-2node", multi_node_catalog(tmp_path))
+    assert order["offer"]["nodes"] == 2 and order["offer"]["region"] == "us-east-1"
+    task = sky_parse(path)
+    assert task["num_nodes"] == 2 and task["accelerators"] == {"H100": 8}
+    assert "--nnodes=\"$SKYPILOT_NUM_NODES\"" in task["run"] and "--node_rank=\"$SKYPILOT_NODE_RANK\"" in task["run"]
+    assert yaml.safe_load(path.read_text())["resources"]["region"] == "us-east-1"
+
+
+def test_disk_holds_kept_checkpoints_and_the_export():
+    gib = 1024**3
+    assert disk_gb(None, None) == 100
+    assert disk_gb(40 * gib, 14 * gib) == 100 + 3 * 40 + 14
+    order = {"campaign": "x", "offer": {"id": "o", "provider": "market_range_longtail", "gpus_per_instance": 1,
+                                       "nodes": 1, "spot": False},
+             "expect": {"gpu_id": "rtx_4090"}, "settings": {"strategy": "single", "workload": "hf:/m"}}
+    task = sky_task(order, "out/order.json", "c.yaml", "torch==2.13.0", 10 * gib, None)
+    assert "cloud" not in task["resources"]  # a market range names no cloud: SkyPilot chooses
+    assert "[probe,hf]" in task["setup"]
+
+
+def test_campaign_run_refuses_to_run_once_per_torchrun_process(tmp_path, monkeypatch):
+    camp = tmp_path / "c.yaml"
+    camp.write_text(campaign_yaml())
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    r = CliRunner().invoke(cli, ["campaign", "run", str(camp), "--ledger", str(tmp_path / "l.db")])
+    assert r.exit_code == 1 and "Error: campaign run trains each variant in one process" in r.output
+    assert not (tmp_path / "l.db").exists()
