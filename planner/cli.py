@@ -264,11 +264,20 @@ def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: 
 @click.option("--retry-failed", is_flag=True, help="rerun configurations whose earlier run failed (new run ids)")
 @click.option("--find", type=click.Choice(["max-micro-batch", "max-seq-len"]), default=None,
               help="search the largest size that fits under --cap (predict, confirm with real probes, bracket)")
+@click.option("--script", "script_path", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="run this plain PyTorch script as it is; its phases come from hooks (args after --)")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @format_option
 @friendly_errors
-def probe(ledger_path, timeout_s, retry_failed, find, fmt, **opts):
-    """Run the pilot grid: every configuration through every phase, one ledger line per phase."""
+def probe(ledger_path, timeout_s, retry_failed, find, fmt, script_path, script_args, **opts):
+    """Run the pilot grid: every configuration through every phase, one ledger line per phase.
+
+    Example: rentplan probe -w builtin:gpt --micro-batch 1,4 --seq-len 128
+
+    Example: rentplan probe --script train.py -w script:train -- --steps 20"""
     checked_timeout(timeout_s)
+    if script_path or script_args:
+        return probe_script(script_path, list(script_args), ledger_path, timeout_s, fmt, opts)
     spec = spec_from_options(opts)
     if find:
         return run_find(spec, find, ledger_path, fmt)
@@ -279,6 +288,55 @@ def probe(ledger_path, timeout_s, retry_failed, find, fmt, **opts):
     click.echo(render(lines_view(df, fmt), fmt))
     if result.interrupted:
         raise KeyboardInterrupt
+
+
+SCRIPT_OPTIONS = {"workload", "steady_updates", "eval_seq_len", "cap", "catalog_path", "device"}
+
+
+def probe_script(path, argv, ledger_path, timeout_s, fmt, opts) -> None:
+    """`probe --script`: the user's script in a worker, lines from hooks (probes/script.py)."""
+    if not path:
+        raise InputError(f"unexpected argument(s) {' '.join(argv)}: arguments after -- go to a --script.")
+    given = {k for k, v in opts.items() if v not in (None, (), "auto")} - SCRIPT_OPTIONS
+    if given:
+        names = ", ".join("--" + k.replace("_", "-") for k in sorted(given))
+        raise InputError(f"{names}: with --script, the script sets these itself; only -w (the workload name), "
+                         "--steady-updates, --eval-seq-len and --cap apply.")
+    from planner.ledger import new_id
+    from probes.runner import call_in_worker
+    from probes.script import run_script
+
+    workload = opts.get("workload") or f"script:{Path(path).stem}"
+    if not re.fullmatch(r"script:[A-Za-z0-9._-]+", workload):
+        raise InputError(f"-w {workload}: a script's workload name is script:NAME (letters, digits, . _ -); the "
+                         "campaign spec names the same workload.")
+    cap_label, cap_bytes = resolve_cap(opts.get("cap"), opts.get("catalog_path"))
+    steady = checked_count("--steady-updates", opts.get("steady_updates"), 3, 10_000) or 8
+    eval_seq = checked_count("--eval-seq-len", opts.get("eval_seq_len"))
+    run_id = new_id("r")
+    Ledger(ledger_path).close()  # a bad ledger path fails here, before the script runs
+    progress(f"probe --script {path}: run {run_id} as {workload}; ledger {ledger_path}")
+    error = None
+    try:
+        call_in_worker(run_script, (str(path), argv, str(ledger_path), workload, run_id, steady, eval_seq,
+                                    cap_bytes, cap_label), timeout_s)
+    except RuntimeError as e:
+        error = str(e)
+    df = read_lines(ledger_path)
+    mine = df[df["run_id"] == run_id]
+    if error and ("timed out" in error or "worker died" in error):
+        from probes.script import write_verdict_line
+
+        write_verdict_line(ledger_path, mine, run_id, workload, "timeout" if "timed out" in error else "killed",
+                           error)
+        mine = read_lines(ledger_path).query("run_id == @run_id")
+    if len(mine):
+        click.echo(render(lines_view(mine, fmt), fmt))
+    if error:
+        raise InputError(f"the script failed: {error}. Its lines are in {ledger_path} (run {run_id}).")
+    if not (mine["phase"] == "eval").any():
+        progress("note: the script never called model.eval(), so no eval line: plan needs one (eval on the "
+                 "longest sequences) before it uses this run")
 
 
 def resolve_targets(text: str, catalog_path: str | None) -> list[str]:

@@ -5,7 +5,6 @@ refuses, so it lives apart) accepts it with the order's accelerator, count, spot
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -1,0 +1,122 @@
+"""`rentplan probe --script`: a plain PyTorch script, run as it is, gets phase lines from hooks; OOM under a cap
+and a timeout are verdicts on lines; `plan` uses a complete run like a probe's."""
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+from planner.ledger import read_lines
+
+pytest.importorskip("torch")
+
+SCRIPT = '''"""A plain loop: accumulation 2, eval on longer sequences, a checkpoint, a safetensors export."""
+import argparse, time
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=6)
+p.add_argument("--hang-after", type=int, default=-1)
+a = p.parse_args()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Embedding(256, 64), torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True),
+                            torch.nn.Linear(64, 256))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data, val = torch.randint(0, 256, (64, 33)), torch.randint(0, 256, (8, 49))
+for step in range(a.steps):
+    for micro in range(2):
+        ids = data[(step * 2 + micro) * 4 % 64:][:4]
+        loss = F.cross_entropy(model(ids[:, :-1]).reshape(-1, 256), ids[:, 1:].reshape(-1)) / 2
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if step == a.hang_after:
+        time.sleep(600)
+    if step == 2:
+        model.eval()
+        with torch.no_grad():
+            F.cross_entropy(model(val[:4, :-1]).reshape(-1, 256), val[:4, 1:].reshape(-1))
+        model.train()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, "ckpt.pt")
+save_file({k: v.contiguous() for k, v in model.state_dict().items()}, "model.safetensors")
+'''
+
+SPEC = """name: plain
+workload: script:train
+precision: fp32
+optimizer: adamw
+seq_len: 32
+effective_batch: 8
+updates: 500
+eval: {every_updates: 100, examples: 64, seq_len: 48}
+setup_hours: 0.5
+variants:
+  - {id: control, lr: 1.0e-3, priority: 1}
+"""
+
+
+@pytest.fixture
+def script(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    return tmp_path / "train.py"
+
+
+def probe(*args):
+    return CliRunner().invoke(cli, ["probe", "--script", "train.py", "--ledger", "l.db", *args])
+
+
+@pytest.mark.slow
+def test_plain_script_gets_phase_lines_that_plan_uses(script, tmp_path):
+    r = probe("--steady-updates", "3", "--", "--steps", "6")
+    assert r.exit_code == 0, r.output
+    lines = read_lines(tmp_path / "l.db")
+    by = lines.set_index("phase")
+    assert set(lines["phase"]) == {"setup", "first_step", "steady", "eval", "save", "export"}
+    assert (lines["verdict"] == "ok").all() and set(lines["source"]) == {"script"}
+    assert set(lines["workload"]) == {"script:train"}
+    first = by.loc["first_step"]
+    # Found by the hooks: the model's calls (4 × 32, twice per step), its optimizer, fp32 (no autocast).
+    assert (first["micro_batch"], first["seq_len"], first["grad_accum"], first["optimizer"], first["precision"]) == (
+        4, 32, 2, "adamw", "fp32")
+    assert by.loc["eval", "eval_seq_len"] == 48
+    assert by.loc["save", "checkpoint_bytes"] == os.path.getsize(tmp_path / "ckpt.pt")
+    assert by.loc["export", "checkpoint_bytes"] == os.path.getsize(tmp_path / "model.safetensors")
+    assert len(json.loads(by.loc["steady", "update_times_s"])) == 3
+    assert 4.5 < first["loss_first"] < 6.5  # the backpropagated losses of the window, summed
+    (tmp_path / "c.yaml").write_text(SPEC)
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    assert "user's own loop (script)" in r.output
+
+
+@pytest.mark.slow
+def test_script_oom_under_a_cap_is_an_oom_line(script, tmp_path):
+    r = probe("--cap", "1MiB")
+    assert r.exit_code == 1 and "Error: the script failed: OutOfMemoryError" in r.output
+    assert "Traceback" not in r.output
+    lines = read_lines(tmp_path / "l.db")
+    assert list(lines["phase"]) == ["setup", "first_step"] and list(lines["verdict"]) == ["ok", "oom"]
+
+
+@pytest.mark.slow
+def test_script_that_hangs_gets_a_timeout_line(script, tmp_path):
+    r = probe("--timeout", "10", "--", "--hang-after", "0")
+    assert r.exit_code == 1 and "timed out" in r.output
+    lines = read_lines(tmp_path / "l.db")
+    assert list(lines["verdict"]) == ["ok", "ok", "timeout"]
+    assert lines["phase"].iloc[-1] == "steady" and "inferred" in lines["detail"].iloc[-1]
+
+
+def test_script_options_that_the_script_decides_are_refused(script, tmp_path):
+    r = probe("--micro-batch", "4")
+    assert r.exit_code == 1 and "Error: --micro-batch: with --script" in r.output
+    r = CliRunner().invoke(cli, ["probe", "--ledger", "l.db", "stray"])
+    assert r.exit_code == 1 and "arguments after -- go to a --script" in r.output
+    r = probe("-w", "script:../x")
+    assert r.exit_code == 1 and "script:NAME" in r.output
+    assert not (tmp_path / "l.db").exists()
