@@ -962,19 +962,27 @@ def campaign():
 @ledger_option
 @click.option("--out", default="rentplan-runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--device", default="auto", show_default=True)
+@click.option("--strategy", type=click.Choice(["ddp", "fsdp"]), default=None,
+              help="under torchrun: how the processes share each update (default ddp)")
 @friendly_errors
-def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger_path, out, device):
-    """Train each variant (and seed) with everything but the declared variable held to the control's."""
+def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger_path, out, device, strategy):
+    """Train each variant (and seed) with everything but the declared variable held to the control's.
+
+    Example: rentplan campaign run lr-comparison.yaml --updates 20
+
+    Example (8 GPUs, every process a share of each update): torchrun --nproc_per_node 8 -m planner.cli campaign
+    run lr-comparison.yaml --strategy ddp"""
     import dataclasses as dc
 
     from planner.campaign import load_campaign
     from probes.campaign import device_start_up, run_variant
+    from probes.distributed import torchrun_world
 
-    world = os.environ.get("WORLD_SIZE", "1")
-    if world.isdigit() and int(world) > 1:  # under torchrun every rank would train the whole campaign again
-        raise InputError(f"campaign run trains each variant in one process, but this is one of {world} processes "
-                         "(torchrun). Run it once per machine (rentplan campaign run SPEC), or train with your own "
-                         "distributed loop and record it with probes.callbacks.")
+    world = torchrun_world()
+    if strategy and world == 1:
+        raise InputError(f"--strategy {strategy} shares updates between processes: start the campaign with "
+                         "torchrun (torchrun --nproc_per_node N -m planner.cli campaign run SPEC --strategy "
+                         f"{strategy}).")
     camp = load_campaign(campaign_path)
     chosen = [v for v in camp.variants if not variant_ids or v.id in variant_ids]
     unknown = set(variant_ids) - {v.id for v in camp.variants}
@@ -986,27 +994,37 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
     if updates is not None and updates < 1:
         raise InputError(f"--updates must be at least 1, got {updates}.")
     seed_list = parse_list(seeds, int, "--seeds") if seeds else None
-    dev = resolve_device(device)
+    rank = 0
+    if world > 1:  # torchrun: each process its own device (cuda:LOCAL_RANK, else cpu with gloo)
+        from probes.distributed import init_from_env
+
+        rank, world, torch_device = init_from_env()
+        dev, strategy = str(torch_device), strategy or "ddp"
+    else:
+        dev = resolve_device(device)
+    say = progress if rank == 0 else (lambda msg: None)
+    echo = click.echo if rank == 0 else (lambda msg: None)
     from probes.runner import clean_stale_temporaries
 
-    for run_dir in (p for p in Path(out).glob("c-*") if p.is_dir() and not p.is_symlink()):
+    for run_dir in (p for p in Path(out).glob("c-*") if rank == 0 and p.is_dir() and not p.is_symlink()):
         for name in clean_stale_temporaries(run_dir):
-            progress(f"removed {run_dir.name}/{name}: a half-written export of a run that was killed")
+            say(f"removed {run_dir.name}/{name}: a half-written export of a run that was killed")
     start_up = device_start_up(dev)
-    progress(f"start-up: {dev} ready in {start_up:.2f} s (recorded with each run, not billed to any variant)")
+    say(f"start-up: {dev} ready in {start_up:.2f} s (recorded with each run, not billed to any variant)"
+        + (f"; {world} processes, {strategy}" if world > 1 else ""))
     outcomes = []
     for v in sorted(chosen, key=lambda v: v.priority):
         for seed in seed_list or [v.seed]:
             run_id, outcome = run_variant(camp, v, seed, ledger_path, out, dev, updates, progress=progress,
-                                          start_up_s=start_up)
+                                          start_up_s=start_up, strategy=strategy or "single")
             outcomes.append(outcome)
-            click.echo(f"{run_id}  {v.id}  lr {v.lr:g}  seed {seed}  {outcome}")
+            echo(f"{run_id}  {v.id}  lr {v.lr:g}  seed {seed}  {outcome}")
     n = len(outcomes)
     counts = {k: outcomes.count(k) for k in ("finished", "diverged", "stopped", "error")}
     summary = (f"{n} run{'s' if n != 1 else ''}: {counts['finished']} finished, {counts['diverged']} diverged, "
                + (f"{counts['stopped']} stopped, " if counts["stopped"] else "")
                + f"{counts['error']} error{'s' if counts['error'] != 1 else ''}")
-    click.echo(summary)
+    echo(summary)
     if counts["error"]:  # a divergence is a result; an error is not
         raise InputError(f"{counts['error']} of {n} runs ended in an error (their events say why: "
                          f"`rentplan campaign report --ledger {ledger_path}`).")

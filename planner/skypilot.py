@@ -44,11 +44,17 @@ def region_of(offer: dict) -> str | None:
     return match.group(1) if match else None
 
 
+def strategy_kind(order: dict) -> str:
+    """single | ddp | fsdp, from the order's strategy label (e.g. "ddp × 8")."""
+    return str(order["settings"]["strategy"]).split()[0]
+
+
 def launch_command(order: dict, spec: str) -> str:
-    strategy = order["settings"]["strategy"]
+    kind = strategy_kind(order)
     campaign = f"campaign run {spec} --ledger rentplan.db --out rentplan-runs"
-    if strategy == "single":
+    if kind == "single":
         return f"rentplan {campaign}"
+    campaign += f" --strategy {kind}"
     # torchrun starts one process per GPU on every node; SkyPilot sets these variables on each node.
     return ("MASTER_ADDR=$(echo \"$SKYPILOT_NODE_IPS\" | head -n1)\n"
             "torchrun --nnodes=\"$SKYPILOT_NUM_NODES\" --nproc_per_node=\"$SKYPILOT_NUM_GPUS_PER_NODE\" "
@@ -98,10 +104,6 @@ def sky_yaml(order: dict, order_path: str, spec_path: str, torch_pin: str, check
     head = (f"# SkyPilot task for the rentplan order of '{order['campaign']}' ({order['offer']['id']}, "
             f"{order['settings']['strategy']}).\n"
             f"# Launch from the project's folder: sky launch -c rentplan {{this file}}\n")
-    if order["settings"]["strategy"] != "single":
-        head += ("# torchrun starts the order's processes; rentplan's own campaign runner trains one process and "
-                 "stops\n# with an error under torchrun: put your distributed training command there (with "
-                 "probes.callbacks).\n")
     return head + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=1000)
 
 

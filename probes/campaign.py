@@ -25,6 +25,7 @@ from planner.campaign import Campaign, Variant, judge_loss, resolve_params, reso
 from planner.ledger import Ledger, new_id
 from planner.records import ProbeConfig
 from probes.loop import NonFinite, Trainer, to_device
+from probes.distributed import barrier, from_rank0, summed, world_of
 from probes.pilot import environment, last_line
 from probes.workloads import load_workload
 
@@ -82,18 +83,26 @@ def workload_source(ref: str) -> Path | None:
     return Path(found.origin) if found is not None and found.origin else None
 
 
-def variant_config(campaign: Campaign, variant: Variant, device: str) -> ProbeConfig:
+def variant_config(campaign: Campaign, variant: Variant, device: str, world: int = 1,
+                   strategy: str = "single") -> ProbeConfig:
     """The variant's configuration: its own micro-batch (accumulation rises to hold the effective batch),
-    checkpointing and precision where it sets them, the campaign's otherwise."""
+    checkpointing and precision where it sets them, the campaign's otherwise. With `world` data-parallel
+    processes each takes effective_batch / world examples per update."""
+    if campaign.effective_batch % world:
+        raise ValueError(f"effective_batch {campaign.effective_batch} does not split over {world} processes")
+    per_rank = campaign.effective_batch // world
     mb = campaign.setting(variant, "micro_batch") or max(
-        d for d in range(1, min(8, campaign.effective_batch) + 1) if campaign.effective_batch % d == 0)
+        d for d in range(1, min(8, per_rank) + 1) if per_rank % d == 0)
+    if per_rank % mb:
+        raise ValueError(f"micro_batch {mb} does not divide the {per_rank} examples per process and update")
     return ProbeConfig(workload=resolve_workload(campaign.workload, campaign.base_dir),
                        params_json=json.dumps(resolve_params(campaign.params, campaign.base_dir), sort_keys=True),
                        micro_batch=mb, seq_len=campaign.seq_len or 128, eval_seq_len=campaign.eval.seq_len,
-                       eval_micro_batch=campaign.eval.micro_batch or mb, grad_accum=campaign.effective_batch // mb,
+                       eval_micro_batch=campaign.eval.micro_batch or mb, grad_accum=per_rank // mb,
                        precision=campaign.setting(variant, "precision"),
                        checkpointing=bool(campaign.setting(variant, "checkpointing")),
-                       optimizer=campaign.optimizer, lr=variant.lr, device=device)
+                       optimizer=campaign.optimizer, lr=variant.lr, device=device,
+                       strategy=strategy if world > 1 else "single", world_size=world)
 
 
 def evaluate(trainer: Trainer, campaign: Campaign) -> tuple[float, float | None, list[dict]]:
@@ -104,8 +113,8 @@ def evaluate(trainer: Trainer, campaign: Campaign) -> tuple[float, float | None,
     losses, right, total, kept = [], 0, 0, []
     trainer.model.eval()
     try:
-        with torch.no_grad():
-            for i in range(max(1, ev.examples // mb)):
+        with torch.no_grad():  # data-parallel: each process evaluates its share (Trainer.batch reads by rank)
+            for i in range(max(1, ev.examples // (mb * trainer.world))):
                 b = to_device(trainer.batch(i, "val", mb, ev.seq_len), trainer.device)
                 with trainer.autocast():
                     losses.append(float(w.compute_loss(trainer.model, b)))
@@ -120,7 +129,8 @@ def evaluate(trainer: Trainer, campaign: Campaign) -> tuple[float, float | None,
                             kept.append({"item": f"val batch {i} #{k}", "prediction": str(p), "target": str(t)})
     finally:
         trainer.model.train()
-    return sum(losses) / len(losses), (right / total if total else None), kept
+    loss_sum, n, right, total = summed([sum(losses), len(losses), right, total], trainer.device)
+    return loss_sum / n, (right / total if total else None), kept
 
 
 def control_outputs(trainer: Trainer) -> dict:
@@ -166,20 +176,28 @@ def snapshot_inputs(campaign: Campaign, cfg: ProbeConfig, run_dir: Path) -> dict
 
 def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: str, out_dir: str,
                 device: str = "cpu", updates: int | None = None, progress=print,
-                start_up_s: float | None = None) -> tuple[str, str]:
+                start_up_s: float | None = None, strategy: str = "single") -> tuple[str, str]:
     """Train one variant with one seed; returns (run id, outcome: finished | diverged | stopped | error).
     Lines go to the ledger as they happen. Divergence (non-finite, or loss above diverge_above × the first
-    loss) is judged on every update whatever the stop rules say; the stop rules decide whether it goes on."""
+    loss) is judged on every update whatever the stop rules say; the stop rules decide whether it goes on.
+
+    Under torchrun (a process group started, probes/distributed.init_from_env) every process trains its share
+    of each update with `strategy` (ddp | fsdp); losses are averaged over the processes, so every process takes
+    the same decisions; only rank 0 writes the ledger, the run folder and the export."""
+    rank, world = world_of()
     updates = updates or campaign.updates
-    run_id = new_id("c")
-    cfg = variant_config(campaign, variant, device)
+    run_id = from_rank0(new_id("c"))
+    cfg = variant_config(campaign, variant, device, world, strategy)
     dev = torch.device(device)
     env = environment(dev)
     run_dir = Path(out_dir) / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    inputs = snapshot_inputs(campaign, cfg, run_dir)
-    src = workload_source(cfg.workload)
-    with Ledger(ledger_path) as led:
+    inputs, src = {}, workload_source(cfg.workload)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        inputs = snapshot_inputs(campaign, cfg, run_dir)
+    else:
+        progress = _quiet
+    with (Ledger(ledger_path) if rank == 0 else _NoLedger()) as led:
         led.add("campaign_runs", {"run_id": run_id, "campaign": campaign.name, "variant": variant.id, "seed": seed,
                                   "lr": variant.lr, "config_json": json.dumps({
                                       "campaign": campaign.source, "config": dataclasses.asdict(cfg),
@@ -222,6 +240,8 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
                     progress(f"{variant.id} seed {seed}: diverged at update {e.update} (non-finite)")
                     return run_id, "diverged"
                 u = trainer.update
+                if world > 1:  # the update's loss over every process's share: one decision everywhere
+                    res = dataclasses.replace(res, loss=summed([res.loss], dev)[0] / world)
                 metric("train", u, time.perf_counter() - t0, res.loss, trainer.lr())
                 first_loss = res.loss if first_loss is None else first_loss
                 why = judge_loss(res.loss, first_loss, campaign.diverge_above)
@@ -251,12 +271,24 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
 
             model_path = run_dir / "model.safetensors"
             tmp = run_dir / f"model.safetensors.tmp-{os.getpid()}"  # a kill mid-export leaves no half file
-            if not (campaign.export == "adapter" and export_adapter(trainer.model, str(tmp))):
-                save_model(trainer.model, str(tmp))  # the whole model (or no adapter to export)
-            os.replace(tmp, model_path)
-            (run_dir / "reference.json").write_text(json.dumps(control_outputs(trainer)))
+            if cfg.strategy == "fsdp":  # every process gives its shards; rank 0 writes the full weights
+                from safetensors.torch import save_file
+
+                full = trainer.gathered_weights()
+                if rank == 0:
+                    save_file({k: v.contiguous() for k, v in full.items()}, str(tmp))
+            elif rank == 0:
+                model = getattr(trainer.model, "module", trainer.model)  # DDP wraps the model
+                if not (campaign.export == "adapter" and export_adapter(model, str(tmp))):
+                    save_model(model, str(tmp))  # the whole model (or no adapter to export)
+            reference = control_outputs(trainer)  # every process: FSDP's forward gathers from all of them
+            if rank == 0:
+                os.replace(tmp, model_path)
+                (run_dir / "reference.json").write_text(json.dumps(reference))
+            barrier()
             metric("export", trainer.update, time.perf_counter() - t2)
-            event("finished", trainer.update, f"model sha256 {sha256(model_path)}")
+            if rank == 0:
+                event("finished", trainer.update, f"model sha256 {sha256(model_path)}")
             return run_id, "diverged" if diverged_at else "finished"
         except KeyboardInterrupt:
             event("interrupted", 0, "interrupted (Ctrl-C)")
@@ -265,6 +297,23 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
             event("error", 0, last_line(e))
             progress(f"{variant.id} seed {seed}: error: {last_line(e)}")
             return run_id, "error"
+
+
+class _NoLedger:
+    """Ranks other than 0 write nothing: rank 0 writes the run's lines."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add(self, table: str, row: dict) -> None:
+        pass
+
+
+def _quiet(*args, **kwargs) -> None:
+    pass
 
 
 def data_notes(workload, cfg: ProbeConfig) -> list[str]:
@@ -282,6 +331,7 @@ def finish_check(config_json: str, run_dir: str, seed: int = 0) -> dict:
 
     torch.manual_seed(seed)
     cfg = ProbeConfig(**json.loads(config_json)["config"])
+    cfg = dataclasses.replace(cfg, strategy="single", world_size=1)  # one process reads the full export
     workload = load_workload(cfg.workload, json.loads(cfg.params_json))
     trainer = Trainer(workload, cfg, torch.device("cpu"))
     path = os.path.join(run_dir, "model.safetensors")

@@ -68,11 +68,12 @@ def test_sky_accepts_the_order(tmp_path, offer, want):
     task = sky_parse(path)
     assert {k: task[k] for k in want} == want
     assert f"rentplan verify {os.path.relpath(path.parent / 'order.json')}" in task["run"]
-    strategy = order["settings"]["strategy"]
+    strategy = order["settings"]["strategy"].split()[0]  # the label is e.g. "ddp × 8"
     if strategy == "single":
         assert "rentplan campaign run" in task["run"] and "torchrun" not in task["run"]
     else:
         assert "torchrun" in task["run"] and "$SKYPILOT_NODE_RANK" in task["run"]
+        assert "c.yaml --ledger rentplan.db --out rentplan-runs --strategy " + strategy in task["run"]
     assert "pip install -q 'torch==2.13.0'" in task["setup"]  # the pilot's torch, without +cpu
 
 
@@ -97,10 +98,9 @@ def test_disk_holds_kept_checkpoints_and_the_export():
     assert "[probe,hf]" in task["setup"]
 
 
-def test_campaign_run_refuses_to_run_once_per_torchrun_process(tmp_path, monkeypatch):
+def test_strategy_outside_torchrun_is_refused(tmp_path):
     camp = tmp_path / "c.yaml"
     camp.write_text(campaign_yaml())
-    monkeypatch.setenv("WORLD_SIZE", "8")
-    r = CliRunner().invoke(cli, ["campaign", "run", str(camp), "--ledger", str(tmp_path / "l.db")])
-    assert r.exit_code == 1 and "Error: campaign run trains each variant in one process" in r.output
+    r = CliRunner().invoke(cli, ["campaign", "run", str(camp), "--ledger", str(tmp_path / "l.db"), "--strategy", "ddp"])
+    assert r.exit_code == 1 and "Error: --strategy ddp shares updates between processes" in r.output
     assert not (tmp_path / "l.db").exists()
