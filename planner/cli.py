@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import sys
 from pathlib import Path
