@@ -28,6 +28,7 @@ CLOUDS = {"aws": "aws", "gcp": "gcp", "azure": "azure", "lambda": "lambda", "run
           "fluidstack": "fluidstack", "paperspace": "paperspace", "cudo": "cudo", "oci": "oci", "nebius": "nebius",
           "do": "do", "hyperbolic": "hyperbolic", "ibm": "ibm", "scp": "scp"}
 MIN_DISK_GB = 100
+OWN_LOOPS = ("trainer:", "lightning:", "script:")  # workloads measured by callbacks or probe --script
 KEPT_CHECKPOINTS = 3  # the campaign keeps the newest checkpoints of each running variant
 
 
@@ -91,10 +92,16 @@ def sky_task(order: dict, order_path: str, spec_path: str, torch_pin: str, check
                      "python3 -m venv ~/rentplan-venv && . ~/rentplan-venv/bin/activate\n"
                      f"pip install -q '{torch_pin}'  # the torch the pilot ran; on Linux PyPI's build is CUDA's\n"
                      f"{install}\n")
-    task["run"] = ("set -euo pipefail\n"
-                   ". ~/rentplan-venv/bin/activate\n"
-                   f"rentplan verify {order_path}\n"
-                   f"{launch_command(order, spec_path)}\n")
+    workload = str(order["settings"]["workload"])
+    if workload.startswith(OWN_LOOPS):  # lines from the user's own loop: rentplan cannot start that loop itself
+        run = (f"rentplan verify {order_path} --skip-pilot   # the stack; the pilot needs a rentplan workload\n"
+               f"echo 'The campaign of {workload} is your own loop: put its command here "
+               f"({strategy_kind(order)}; micro-batch {order['settings']['micro_batch']} x accumulation "
+               f"{order['settings']['grad_accum']})' >&2\n"
+               "exit 2\n")
+    else:
+        run = f"rentplan verify {order_path}\n{launch_command(order, spec_path)}\n"
+    task["run"] = "set -euo pipefail\n. ~/rentplan-venv/bin/activate\n" + run
     return task
 
 

@@ -96,6 +96,12 @@ def test_disk_holds_kept_checkpoints_and_the_export():
     task = sky_task(order, "out/order.json", "c.yaml", "torch==2.13.0", 10 * gib, None)
     assert "cloud" not in task["resources"]  # a market range names no cloud: SkyPilot chooses
     assert "[probe,hf]" in task["setup"]
+    # Lines from the user's own loop: the stack is verified, and the run asks for their command instead of
+    # starting a campaign rentplan cannot run.
+    own = {**order, "settings": {"strategy": "ddp × 8", "workload": "trainer:my-llama", "micro_batch": 4,
+                                 "grad_accum": 2}}
+    run = sky_task(own, "out/order.json", "c.yaml", "torch==2.13.0")["run"]
+    assert "rentplan verify out/order.json --skip-pilot" in run and "campaign run" not in run and "exit 2" in run
 
 
 def test_strategy_outside_torchrun_is_refused(tmp_path):
