@@ -12,7 +12,7 @@ $(BIN)/rentplan: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[probe,report,hf,callbacks,test]"
+	$(BIN)/pip install -q -e ".[probe,report,hf,quant,callbacks,test]"
 	touch $@
 
 install: $(BIN)/rentplan

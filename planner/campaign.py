@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.errors import CampaignError
-from planner.records import OPTIMIZERS, PRECISIONS
+from planner.records import canonical_precision, OPTIMIZERS, PRECISIONS
 from planner.yamlsafe import Problems, load_yaml_file, load_yaml_text
 
 TOP_KEYS = {"name", "workload", "params", "seq_len", "effective_batch", "updates", "eval", "export", "setup_hours",
@@ -167,6 +167,8 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
         p.add("params", "must be a mapping of workload parameters")
     if data.get("export", "model") not in EXPORTS:
         p.add("export", f"must be one of {', '.join(EXPORTS)}, got {data.get('export')!r}")
+    if isinstance(data.get("precision"), str):  # Lightning's names (bf16-mixed, 32-true, ...) are aliases
+        data["precision"] = canonical_precision(data["precision"])
     if data.get("precision", "bf16") not in PRECISIONS:
         p.add("precision", f"must be one of {', '.join(PRECISIONS)}, got {data.get('precision')!r}")
     if data.get("optimizer", "adamw") not in OPTIMIZERS:
@@ -239,6 +241,8 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
                     _micro_batch(p, f"{path}.micro_batch", v["micro_batch"], counts.get("effective_batch"))
                 if v.get("checkpointing") is not None:
                     p.boolean(f"{path}.checkpointing", v["checkpointing"])
+                if isinstance(v.get("precision"), str):
+                    v["precision"] = canonical_precision(v["precision"])
                 if v.get("precision") is not None and v["precision"] not in PRECISIONS:
                     p.add(f"{path}.precision", f"must be one of {', '.join(PRECISIONS)}, got {v['precision']!r}")
     p.raise_if_any(CampaignError)

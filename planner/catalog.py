@@ -58,6 +58,7 @@ class Gpu:
     unverified: tuple[str, ...] = ()
 
     def peak_tflops(self, precision: str) -> float | None:
+        precision = {"bf16-true": "bf16", "16-true": "fp16"}.get(precision, precision)
         if precision == "bf16":
             return self.bf16_dense_tflops
         if precision == "fp16":

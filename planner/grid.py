@@ -11,7 +11,7 @@ import yaml
 
 from planner.errors import InputError
 from planner.kernels import TARGETS
-from planner.records import OPTIMIZERS, PRECISIONS, ProbeConfig
+from planner.records import canonical_precision, OPTIMIZERS, PRECISIONS, ProbeConfig
 from planner.yamlsafe import Problems, load_yaml_file
 
 GRID_KEYS = {"workload", "params", "micro_batch", "seq_len", "eval_seq_len", "eval_micro_batch", "precision",
@@ -91,7 +91,7 @@ def build_grid(spec: GridSpec) -> list[ProbeConfig]:
     """Cartesian product of the lists. eval_seq_len defaults to seq_len; grad_accum from effective_batch."""
     micro = spec.micro_batch or [1]
     seqs = spec.seq_len or [128]
-    precisions = spec.precision or ["fp32"]
+    precisions = [canonical_precision(p) for p in spec.precision or ["fp32"]]
     for p in precisions:
         if p not in PRECISIONS:
             raise InputError(f"precision {p!r} is not one of {', '.join(PRECISIONS)}.")
@@ -121,6 +121,8 @@ def build_grid(spec: GridSpec) -> list[ProbeConfig]:
                                                               optimizers, targets):
         if target == "sm50-75" and prec == "bf16":
             prec = "fp16"  # no bf16 before sm80: these GPUs run fp16 with a scaler (as the planner plans them)
+        if target == "sm50-75" and prec == "bf16-true":
+            prec = "fp32"  # and bf16-true runs fp32 there (planner/select.choose_precision)
         if spec.effective_batch:
             per_step = mb * spec.nproc  # data replicas multiply the examples per update
             if spec.effective_batch % per_step:

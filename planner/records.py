@@ -34,8 +34,20 @@ PHASES = ("setup", "first_step", "steady", "eval", "save", "export", "resume")
 OBSERVED_PHASES = ("setup", "first_step", "steady", "eval")
 SOURCES = ("probe", "hf-trainer", "lightning", "script")
 MODES = ("measured", "estimated")
-PRECISIONS = ("fp32", "bf16", "fp16")
-OPTIMIZERS = ("adamw", "sgd")
+# fp32, bf16 and fp16 are Lightning's 32-true, bf16-mixed and 16-mixed (fp32 weights, autocast; fp16 with a
+# gradient scaler). The *-true ones keep weights, gradients and optimizer state in that dtype (no autocast,
+# no scaler), as a full fine-tune with torchtune's defaults does. Lightning's spellings are accepted as input.
+PRECISIONS = ("fp32", "bf16", "fp16", "bf16-true", "16-true")
+PRECISION_ALIASES = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16", "16-mixed": "fp16", "16": "fp16",
+                     "fp16-true": "16-true"}
+TRUE_PRECISIONS = {"bf16-true": "bf16", "16-true": "fp16"}  # the tensor dtype each one keeps everything in
+OPTIMIZERS = ("adamw", "sgd", "adamw8bit", "paged_adamw8bit", "adafactor")
+
+
+def canonical_precision(name: str) -> str:
+    """A precision as rentplan records it (Lightning's names are aliases)."""
+    text = str(name).strip()
+    return PRECISION_ALIASES.get(text, text)
 
 
 @dataclass(frozen=True)

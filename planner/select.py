@@ -38,6 +38,13 @@ def fit_verdict(need_bytes: float, context_bytes: float, usable_bytes: float, he
 def choose_precision(gpu: Gpu, wanted: str) -> tuple[str, str]:
     """The precision to run on this GPU after the stack check, and why."""
     sm = gpu.sm()
+    if wanted == "bf16-true":  # no fp16 fallback: pure fp16 training without a scaler underflows
+        if gpu.bf16_supported:
+            return "bf16-true", "bf16 weights, gradients and optimizer state (bf16-true)" + (
+                f" (sm_{gpu.compute_capability})" if sm else "")
+        return "fp32", f"bf16-true needs sm_80+ ({gpu.id} is sm_{gpu.compute_capability}): fp32"
+    if wanted == "16-true":
+        return "16-true", "fp16 weights, gradients and optimizer state (16-true, as asked)"
     if wanted == "bf16":
         if gpu.bf16_supported:
             return "bf16", "bf16 supported" + (f" (sm_{gpu.compute_capability})" if sm else "")
@@ -111,7 +118,7 @@ class Families:
         fam = self.exact(precision, target)
         if fam is not None:
             return fam
-        twin = {"bf16": "fp16", "fp16": "bf16"}.get(precision)
+        twin = {"bf16": "fp16", "fp16": "bf16", "bf16-true": "16-true", "16-true": "bf16-true"}.get(precision)
         others = ([twin] if twin else []) + sorted(p for p in set(self.facts["precision"]) if p not in (precision, twin))
         for other in others:
             f = self.exact(other, target)

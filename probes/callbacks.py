@@ -38,10 +38,13 @@ LIGHTNING_PRECISION = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16", "1
 
 
 def _hf_optimizer(name) -> str:
+    """TrainingArguments.optim -> rentplan's optimizer names (others kept as the trainer spells them)."""
     text = str(getattr(name, "value", name)).lower()
-    if text.startswith("adamw") and "8bit" not in text and "bnb" not in text:
+    if "8bit" in text and "adamw" in text:
+        return "paged_adamw8bit" if "paged" in text else "adamw8bit"
+    if text.startswith("adamw"):
         return "adamw"
-    return "sgd" if text == "sgd" else text
+    return {"sgd": "sgd", "adafactor": "adafactor"}.get(text, text)
 
 
 def _wrap(obj, name: str, around) -> None:

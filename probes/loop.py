@@ -25,6 +25,21 @@ WARMUP_UPDATES = 10
 CLIP_NORM = 1.0
 SCALE_FLOOR = 1.0 / 2**14  # a loss scale driven this low means fp16 is overflowing on every step
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+TRUE_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16}  # everything kept in this dtype
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype | None):
+    """Build parameters directly in `dtype` (a *-true precision): no full-precision copy exists first."""
+    if dtype is None:
+        yield
+        return
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 class NonFinite(RuntimeError):
@@ -58,13 +73,16 @@ class Trainer:
     def __init__(self, workload, cfg: ProbeConfig, device: torch.device, split: str = "train", fake: bool = False):
         self.workload, self.cfg, self.device, self.split = workload, cfg, device, split
         self.fake = fake  # under FakeTensorMode: no values exist, so nothing is read back (.item())
-        if cfg.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        if cfg.precision in ("bf16", "bf16-true") and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise RuntimeError("bf16 is not supported on this GPU (needs sm_80+); use fp16 or fp32")
+        self.true_dtype = TRUE_DTYPES.get(cfg.precision)
         if fake:
-            self.model = build_without_weights(workload)
+            self.model = build_without_weights(workload, self.true_dtype)
         else:
-            with torch.device(device):
+            with torch.device(device), default_dtype(self.true_dtype):
                 self.model = workload.build_model()
+        if self.true_dtype is not None and not fake:  # what a workload made in another float dtype (estimates
+            self.model.to(self.true_dtype)              # made every float tensor in it already)
         tensors = list(self.model.parameters()) + list(self.model.buffers())
         if any(t.device != device for t in tensors):  # a workload that ignored the device context
             self.model.to(device)
@@ -80,12 +98,7 @@ class Trainer:
 
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
         params = [p for p in self.model.parameters() if p.requires_grad]
-        if cfg.optimizer == "adamw":
-            self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, foreach=True)
-        elif cfg.optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(params, lr=cfg.lr, foreach=True)
-        else:
-            raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+        self.optimizer = make_optimizer(cfg.optimizer, params, cfg.lr, fake)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_lambda)
         # fp16 needs a scaler; under fake tensors it cannot run (it reads found-inf flags), and its state is tiny
         self.scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" and not fake else None
@@ -104,7 +117,11 @@ class Trainer:
         index = index * self.world + self.rank
         args = (split or self.split, index, micro_batch or self.cfg.micro_batch, seq_len or self.cfg.seq_len)
         with self.real_tensors():  # data is small and made for real, also under estimates
-            return self.workload.make_batch(*args)
+            batch = self.workload.make_batch(*args)
+            if self.true_dtype is not None:  # float inputs in the model's dtype (token ids stay integers)
+                batch = {k: (v.to(self.true_dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+                         for k, v in batch.items()}
+            return batch
 
     def real_tensors(self):
         """Under fake tensors, a context where ops run for real (data, target counts); else a no-op."""
@@ -158,7 +175,8 @@ class Trainer:
             if self.scaler.get_scale() < SCALE_FLOOR:
                 raise NonFinite(self.update + 1, "gradients (fp16 loss scale collapsed)")
         else:
-            self.optimizer.step()
+            with _UnknownValuesAreOne() if self.fake else contextlib.nullcontext():
+                self.optimizer.step()
         self.scheduler.step()  # once per optimizer update, never per micro-batch
         # DDP's gradients are views into its all-reduce buckets: zero them in place. Set to None, the next
         # window's no_sync backward would allocate a second gradient copy beside the buckets.
@@ -334,6 +352,22 @@ def _parameters_on_meta():
         torch.nn.Module.register_parameter = register
 
 
+class _UnknownValuesAreOne(TorchDispatchMode):
+    """Estimates: an optimizer that reads a value the fake tensors do not have (Adafactor's parameter norm for
+    its relative step size) reads 1. What it allocates does not depend on that number."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            from torch._subclasses.fake_tensor import DataDependentOutputException
+
+            try:
+                return func(*args, **(kwargs or {}))
+            except DataDependentOutputException:
+                t = args[0]
+                return True if t.dtype == torch.bool else (1.0 if t.is_floating_point() else 1)
+        return func(*args, **(kwargs or {}))
+
+
 class _MetaValuesAreZero(TorchDispatchMode):
     """While building for an estimate, reading a parameter's value (.item(), bool(), a branch on it) gives 0:
     parameters are on meta and have none. Sizes do not depend on such values; other tensors stay real."""
@@ -345,7 +379,35 @@ class _MetaValuesAreZero(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def build_without_weights(workload) -> torch.nn.Module:
+def make_optimizer(name: str, params: list, lr: float, fake: bool = False) -> torch.optim.Optimizer:
+    """The optimizers rentplan sizes. AdamW and SGD as torch runs them on CUDA by default (foreach: one launch
+    per group of tensors, with list-sized temporaries); 8-bit AdamW from bitsandbytes (two uint8 moments with
+    a float32 absmax per block of 256); Adafactor from torch (a factored second moment: a row and a column
+    vector per matrix)."""
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=True)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, foreach=True)
+    if name == "adafactor":
+        if not hasattr(torch.optim, "Adafactor"):
+            raise RuntimeError(f"torch {torch.__version__} has no torch.optim.Adafactor (torch >= 2.5 has it)")
+        return torch.optim.Adafactor(params, lr=lr, foreach=True)
+    if name in ("adamw8bit", "paged_adamw8bit"):
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise RuntimeError(f"optimizer {name} needs bitsandbytes: pip install 'rentplan[quant]'") from None
+        cls = bnb.optim.PagedAdamW8bit if name == "paged_adamw8bit" else bnb.optim.AdamW8bit
+        if not fake:
+            return cls(params, lr=lr, weight_decay=0.0)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # its quantization map (2 × 256 floats) is built from Python numbers
+            return cls(params, lr=lr, weight_decay=0.0)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def build_without_weights(workload, dtype: torch.dtype | None = None) -> torch.nn.Module:
     """Estimates: build the model's structure for real, with every mode of the pilot set aside, so that
     construction code may read tensor values (timm's drop-path rates via .item(), tolist(), branches on
     values); parameters never take memory (meta). Then parameters and buffers become fresh tensors under
@@ -362,7 +424,8 @@ def build_without_weights(workload) -> torch.nn.Module:
                 if t is None:
                     continue
                 if id(t) not in made:
-                    new = torch.empty_like(t, device="cpu")
+                    as_dtype = dtype if dtype is not None and t.is_floating_point() else t.dtype
+                    new = torch.empty_like(t, device="cpu", dtype=as_dtype)
                     made[id(t)] = (torch.nn.Parameter(new, requires_grad=t.requires_grad)
                                    if isinstance(t, torch.nn.Parameter) else new)
                 table[name] = made[id(t)]

@@ -58,7 +58,7 @@ class ScriptHooks:
         if torch.is_autocast_enabled(kind):
             precision = PRECISION.get(torch.get_autocast_dtype(kind), "fp32")
         else:
-            precision = {torch.float32: "fp32", torch.bfloat16: "bf16-true", torch.float16: "fp16-true"}.get(
+            precision = {torch.float32: "fp32", torch.bfloat16: "bf16-true", torch.float16: "16-true"}.get(
                 param.dtype, str(param.dtype).replace("torch.", ""))
         self.rec.begin(model, param.device, world_size=int(os.environ.get("WORLD_SIZE", 1)),
                        precision=precision, checkpointing=False, optimizer="unknown")
