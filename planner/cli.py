@@ -168,6 +168,8 @@ def grid_options(fn):
         click.option("--grid", "grid_file", default=None, type=click.Path(dir_okay=False),
                      help="probe YAML file with the same keys as these options"),
         click.option("--lora", default=None, help="hf: workloads: r=16,alpha=32,targets=q_proj+v_proj"),
+        click.option("--quantize", default=None, type=click.Choice(["nf4", "fp4", "int8"]),
+                     help="hf: workloads with --lora: the base's linears in 4 or 8 bits (QLoRA, bitsandbytes)"),
         click.option("--data", default=None, type=click.Path(),
                      help="hf: workloads: your JSONL (or a split folder); its p99/longest lengths set the lengths"),
         click.option("--fields", default=None, help="hf: workloads: prompt,response | text | text,label"),
@@ -192,7 +194,7 @@ def spec_from_options(o: dict) -> GridSpec:
     cap_label, cap_bytes = resolve_cap(pick("cap"), o.get("catalog_path"))
     params = parse_params(data.get("params")) if data.get("params") else {}
     params.update(parse_params(list(o.get("params") or [])))
-    for key in ("lora", "data", "fields", "val_data", "on_truncate"):  # shorthands for the hf: workload's params
+    for key in ("lora", "quantize", "data", "fields", "val_data", "on_truncate"):  # the hf: workload's params
         if o.get(key):
             params[key] = o[key]
     return GridSpec(

@@ -204,7 +204,8 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
                              f"seq_len {campaign.eval.seq_len}",
                      "export": campaign.export, "setup_hours": campaign.setup_hours,
                      "seq_len": int(sheet["seq_len"].iloc[0]) if len(sheet) else None,
-                     "seq_len_note": sheet.attrs.get("seq_len_note", ""), "precision": campaign.precision},
+                     "seq_len_note": sheet.attrs.get("seq_len_note", ""), "precision": campaign.precision,
+                     "base": base_note(campaign.params)},
         "assumptions": [
             f"fit: (need + {fmt_bytes(catalog.context_bytes)} CUDA context + BLAS workspaces where not measured, + "
             f"NCCL buffers on several GPUs) × (1 + {headroom:.0%} headroom) ≤ usable memory; 'tight' fits with the "
@@ -305,6 +306,17 @@ def order_document(campaign: Campaign, rec: pd.Series, lines: pd.DataFrame, cata
         "packages": ["torch", "safetensors"],
         "provenance": provenance(lines),
     }
+
+
+def base_note(params: dict) -> str:
+    """What the base model's weights are, when they are not the precision's own dtype (QLoRA)."""
+    kind = params.get("quantize")
+    if not kind:
+        return ""
+    bits = "8-bit int8 rows with a scale per row" if kind == "int8" else \
+        f"4-bit {kind} (two per byte, an absmax per 64, itself 8-bit per 256: bitsandbytes' double quantization)"
+    return (f"base weights quantized: the linear layers in {bits}, the rest in bf16; only the LoRA adapter "
+            "trains (QLoRA)")
 
 
 def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, budget: dict,

@@ -59,7 +59,7 @@ class HFWorkload:
 
     def __init__(self, path: str, lora=None, data: str | None = None, fields: str | None = None,
                  weights: bool = False, task: str | None = None, num_labels: int | None = None,
-                 val_data: str | None = None, on_truncate: str = "warn"):
+                 val_data: str | None = None, on_truncate: str = "warn", quantize: str | None = None):
         try:
             from transformers import AutoConfig
         except ImportError:
@@ -76,6 +76,16 @@ class HFWorkload:
         if num_labels:
             self.config.num_labels = int(num_labels)
         self.lora = parse_lora(lora)
+        from probes.quantize import COMPUTE_DTYPE, QUANTIZE
+
+        if quantize is not None and quantize not in QUANTIZE:
+            raise WorkloadError(f"quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}")
+        if quantize and not self.lora:
+            raise WorkloadError("quantize needs lora: quantized base weights do not train (QLoRA trains an adapter "
+                                "on them), e.g. lora=r=16,alpha=32,targets=q_proj+v_proj")
+        self.quantize = quantize
+        # QLoRA: the base (embeddings, norms, head) in the compute dtype, the linears quantized after building.
+        self.base_dtype = COMPUTE_DTYPE if quantize else None
         self.weights = bool(weights)
         self.tokenizer = self._tokenizer()
         self.fields = [f.strip() for f in (fields or ("text,label" if self.task == "classification"
@@ -93,7 +103,8 @@ class HFWorkload:
         self.lengths = self._lengths() if self.rows is not None and self.tokenizer is not None else None
         layers = getattr(self.config, "num_hidden_layers", "?")
         hidden = getattr(self.config, "hidden_size", "?")
-        self.name = f"hf:{self.config.model_type}-{layers}L-{hidden}" + ("+lora" if self.lora else "")
+        self.name = (f"hf:{self.config.model_type}-{layers}L-{hidden}" + (f"+{quantize}" if quantize else "")
+                     + ("+lora" if self.lora else ""))
         self.data_note = ("tokenized with the tokenizer next to the config" if self.lengths is not None else
                           "random token ids of the configured lengths (no tokenizer or no data given)")
 
@@ -195,12 +206,40 @@ class HFWorkload:
             model = cls.from_config(self.config)
         if self.task == "classification" and model.config.pad_token_id is None:
             model.config.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer else 0
-        if self.lora:
-            from peft import LoraConfig, get_peft_model
-
-            kind = "SEQ_CLS" if self.task == "classification" else "CAUSAL_LM"
-            model = get_peft_model(model, LoraConfig(task_type=kind, **self.lora))
+        if self.lora and not self.quantize:  # quantized: LoRA goes on after the base is quantized (after_build)
+            model = self._with_lora(model)
         return model
+
+    def _with_lora(self, model):
+        from peft import LoraConfig, get_peft_model
+
+        kind = "SEQ_CLS" if self.task == "classification" else "CAUSAL_LM"
+        return get_peft_model(model, LoraConfig(task_type=kind, **self.lora))
+
+    def weights_left_on_meta(self, model) -> set[int]:
+        """Estimates: the weights that will be quantized are never made unquantized (probes/quantize.py)."""
+        from probes.quantize import weights_to_quantize
+
+        return weights_to_quantize(model) if self.quantize else set()
+
+    def after_build(self, model, device, fake: bool):
+        """QLoRA: quantize the base's linears one at a time, then put LoRA on them."""
+        if not self.quantize:
+            return model
+        from probes.quantize import quantize
+
+        model = quantize(model, self.quantize, device, fake)
+        if not fake:
+            return self._with_lora(model)
+        # Under the estimate's modes peft's module moves fail on fake parameters: it wraps the layers outside
+        # them, and the adapter's (real, small) tensors are then made anew as fake tensors the tracker counts.
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        from probes.loop import remake_real_tensors
+
+        with _disable_current_modes():
+            model = self._with_lora(model)
+        return remake_real_tensors(model)
 
     def make_batch(self, split: str, index: int, micro_batch: int, seq_len: int) -> dict[str, torch.Tensor]:
         if self.rows is not None and self.tokenizer is not None:

@@ -76,11 +76,14 @@ class Trainer:
         if cfg.precision in ("bf16", "bf16-true") and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise RuntimeError("bf16 is not supported on this GPU (needs sm_80+); use fp16 or fp32")
         self.true_dtype = TRUE_DTYPES.get(cfg.precision)
+        base_dtype = self.true_dtype or getattr(workload, "base_dtype", None)  # QLoRA: a bf16 base
         if fake:
-            self.model = build_without_weights(workload, self.true_dtype)
+            self.model = build_without_weights(workload, base_dtype)
         else:
-            with torch.device(device), default_dtype(self.true_dtype):
+            with torch.device(device), default_dtype(base_dtype):
                 self.model = workload.build_model()
+        if hasattr(workload, "after_build"):  # QLoRA: quantize the built base, then the adapter
+            self.model = workload.after_build(self.model, device, fake)
         if self.true_dtype is not None and not fake:  # what a workload made in another float dtype (estimates
             self.model.to(self.true_dtype)              # made every float tensor in it already)
         tensors = list(self.model.parameters()) + list(self.model.buffers())
@@ -224,13 +227,19 @@ class Trainer:
 
     # --- checkpoints: everything needed to continue exactly, loadable with weights_only=True ---
 
+    def weights(self) -> dict:
+        """The model's state dict. Estimates: a quantized layer writes its quant state's numbers (bitsandbytes'
+        nested offset via .item()), which fake tensors do not have; they read 1 (sizes do not depend on them)."""
+        with _UnknownValuesAreOne() if self.fake else contextlib.nullcontext():
+            return self.model.state_dict()
+
     def state_dict(self) -> dict:
         rng = {"torch": torch.get_rng_state(), "python": list_state(random.getstate())}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         return {
             "format": "rentplan-checkpoint/1",
-            "model": self.model.state_dict(),
+            "model": self.weights(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
@@ -312,7 +321,15 @@ class Trainer:
         if missing:
             raise ResumeError(f"checkpoint cannot restore the exact state: missing {', '.join(missing)}")
         if state["model"] is not None:  # None: restored from sharded files already
-            self.model.load_state_dict(state["model"])
+            # An estimate of a quantized base: its layers hold plain fake weights (probes/quantize.py), which take
+            # the checkpoint's values but not bitsandbytes' quant-state keys; the memory of the load is the same.
+            quantized = getattr(self.workload, "quantize", None)
+            model_state = state["model"]
+            if quantized and not self.fake:
+                from probes.quantize import restore_quant_states
+
+                model_state = restore_quant_states(self.model, model_state, self.device)
+            self.model.load_state_dict(model_state, strict=not (quantized and self.fake))
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None:
@@ -407,6 +424,24 @@ def make_optimizer(name: str, params: list, lr: float, fake: bool = False) -> to
     raise ValueError(f"unknown optimizer {name!r}")
 
 
+def remake_real_tensors(model: torch.nn.Module) -> torch.nn.Module:
+    """Estimates: parameters and buffers made outside the fake mode become fresh tensors under it (counted)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    made: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is None or isinstance(t, FakeTensor) or t.device.type == "meta":
+                    continue
+                if id(t) not in made:
+                    new = torch.empty_like(t, device="cpu")
+                    made[id(t)] = (torch.nn.Parameter(new, requires_grad=t.requires_grad)
+                                   if isinstance(t, torch.nn.Parameter) else new)
+                table[name] = made[id(t)]
+    return model
+
+
 def build_without_weights(workload, dtype: torch.dtype | None = None) -> torch.nn.Module:
     """Estimates: build the model's structure for real, with every mode of the pilot set aside, so that
     construction code may read tensor values (timm's drop-path rates via .item(), tolist(), branches on
@@ -417,11 +452,12 @@ def build_without_weights(workload, dtype: torch.dtype | None = None) -> torch.n
 
     with _disable_current_modes(), torch.device("cpu"), _parameters_on_meta(), _MetaValuesAreZero():
         model = workload.build_model()
+    keep = workload.weights_left_on_meta(model) if hasattr(workload, "weights_left_on_meta") else set()
     made: dict[int, torch.Tensor] = {}
     for module in model.modules():
         for table in (module._parameters, module._buffers):
             for name, t in table.items():
-                if t is None:
+                if t is None or id(t) in keep:
                     continue
                 if id(t) not in made:
                     as_dtype = dtype if dtype is not None and t.is_floating_point() else t.dtype

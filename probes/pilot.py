@@ -241,7 +241,7 @@ class Pilot:
     def export(self) -> dict:
         if self.fake:  # FSDP: the gather to rank 0 is what costs memory, so it runs
             fsdp = self.cfg.strategy == "fsdp"
-            weights = self.trainer.gathered_weights() if fsdp else self.trainer.model.state_dict()
+            weights = self.trainer.gathered_weights() if fsdp else self.trainer.weights()
             return {"checkpoint_bytes": _tensor_bytes(weights), "detail": "estimated: "
                     + ("full weights gathered to rank 0" if fsdp else "weights size") + ", no file written"}
         path = os.path.join(self.workdir, f"{self.run_id}.model.safetensors")

@@ -1,0 +1,146 @@
+"""QLoRA: an hf: model's linears in 4 bits (bitsandbytes nf4/fp4, double-quantized absmax), LoRA on top.
+Measured on this CPU with bitsandbytes' own layers; estimated with the same layer holding the same tensors
+(probes/quantize.py), checked against the measurement; an 8B shape planned for a 24 GB card."""
+
+import contextlib
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+from planner.ledger import read_lines
+from planner.records import ProbeConfig
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("peft")
+bnb = pytest.importorskip("bitsandbytes")
+from probes.memory import LiveTensorTracker  # noqa: E402
+from probes.pilot import Pilot  # noqa: E402
+from probes.quantize import _fake_layer, _real_layer, quantized_bytes  # noqa: E402
+
+LORA = "r=8,alpha=16,targets=q_proj+v_proj"
+
+
+@pytest.fixture
+def llama(tmp_path):
+    path = tmp_path / "llama"
+    transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=512, max_position_embeddings=512,
+                             architectures=["LlamaForCausalLM"]).save_pretrained(path)
+    return path
+
+
+def layer_memory(kind, fake):
+    """A 512×256 linear quantized, then forward and backward under autocast: (forward peak, peak, kept)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _real_layer(torch.nn.Linear(64, 64), kind, torch.device("cpu"))  # bitsandbytes caches a table on first use
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+        tracker = LiveTensorTracker()
+        with tracker:
+            lin = torch.nn.Linear(256, 512, bias=True, device="meta" if fake else "cpu")
+            layer = (_fake_layer if fake else _real_layer)(lin, kind, torch.device("cpu"))
+            held = tracker.live
+            x = torch.randn(2, 32, 256, requires_grad=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                base = tracker.live
+                tracker.reset_peak()
+                y = layer(x)
+                forward = tracker.peak - base
+                y.float().sum().backward()
+            return held, forward, tracker.peak - base, tracker.live - base
+
+
+@pytest.mark.parametrize("kind", ["nf4", "fp4"])
+def test_estimated_layer_holds_and_allocates_what_bitsandbytes_does(kind):
+    real, fake = layer_memory(kind, fake=False), layer_memory(kind, fake=True)
+    assert fake == real  # weights + quant state held; forward, backward peak and what stays, byte for byte
+
+
+def pilot(llama, mode, params, phases=("setup", "first_step")):
+    cfg = ProbeConfig(workload=f"hf:{llama}", params_json=json.dumps(params, sort_keys=True), micro_batch=2, seq_len=32,
+                      eval_seq_len=32, precision="bf16", mode=mode)
+    out = {}
+    p = Pilot(cfg, "/nonexistent", lambda k, x: out.__setitem__(x["phase"], x) if k == "line" else None, "r", "p")
+    p.run(phases)
+    assert all(v["verdict"] == "ok" for v in out.values()), out
+    return out, p.trainer.model
+
+
+@pytest.mark.parametrize("mode", ["measured", "estimated"])
+def test_nf4_base_is_half_a_byte_per_quantized_parameter_and_lora_trains_the_same(llama, mode):
+    out, model = pilot(llama, mode, {"lora": LORA, "quantize": "nf4"})
+    q = quantized_bytes(model)
+    assert q["packed_bytes"] == q["quantized_params"] // 2  # two 4-bit values per byte
+    # absmax per 64 in 8 bits, plus its float32 absmax per 256 and the tables: well under 0.05 B/param
+    assert 0 < q["stats_bytes"] < 0.05 * q["quantized_params"]
+    plain, _ = pilot(llama, mode, {"lora": LORA})
+    assert out["setup"]["trainable_param_count"] == plain["setup"]["trainable_param_count"]
+    assert out["setup"]["param_count"] < plain["setup"]["param_count"]  # packed: two values per stored byte
+    assert out["first_step"]["optimizer_state_bytes"] == plain["first_step"]["optimizer_state_bytes"]
+
+
+def test_quantize_needs_lora_and_int8_estimates_say_so(llama, tmp_path):
+    r = CliRunner().invoke(cli, ["probe", "-w", f"hf:{llama}", "--quantize", "nf4", "--ledger", str(tmp_path / "l.db")])
+    assert r.exit_code == 1 and "quantize needs lora" in r.output
+    r = CliRunner().invoke(cli, ["estimate", "-w", f"hf:{llama}", "--lora", LORA, "--quantize", "int8", "--seq-len",
+                                 "32", "--target", "sm80+", "--ledger", str(tmp_path / "l.db")])
+    lines = read_lines(tmp_path / "l.db")
+    assert "int8 base weights are probed on a device" in lines.loc[lines["verdict"] == "error", "detail"].iloc[0]
+
+
+@pytest.mark.slow
+def test_qlora_resumes_exactly(llama):
+    r = CliRunner().invoke(cli, ["resume-check", "-w", f"hf:{llama}", "-p", f"lora={LORA}", "-p", "quantize=nf4",
+                                 "--precision", "bf16", "--updates", "4", "--at", "2"])
+    assert r.exit_code == 0, r.output
+    assert "resume is exact" in r.output
+
+
+SPEC = """name: llama3-8b-qlora
+workload: hf:llama-3-8b
+params: {lora: "r=16,alpha=32,targets=q_proj+k_proj+v_proj+o_proj", quantize: nf4}
+precision: bf16
+seq_len: 1024
+effective_batch: 16
+updates: 500
+eval: {every_updates: 100, examples: 128, seq_len: 2048, micro_batch: 1}
+export: adapter
+setup_hours: 1
+variants:
+  - {id: control, lr: 2.0e-4, priority: 1}
+"""
+
+
+@pytest.mark.slow
+def test_8b_qlora_is_planned_for_a_24_gb_card_from_its_estimate(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    transformers.LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                             num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+                             rope_theta=500000.0, architectures=["LlamaForCausalLM"]).save_pretrained("llama-3-8b")
+    (tmp_path / "qlora.yaml").write_text(SPEC)
+    r = CliRunner().invoke(cli, ["estimate", "-w", "hf:llama-3-8b", "--lora",
+                                 "r=16,alpha=32,targets=q_proj+k_proj+v_proj+o_proj", "--quantize", "nf4",
+                                 "--precision", "bf16", "--micro-batch", "1,2", "--seq-len", "1024",
+                                 "--eval-seq-len", "2048", "--eval-micro-batch", "1", "--target", "sm80+",
+                                 "--ledger", "l.db"])
+    assert r.exit_code == 0, r.output
+    setup = read_lines(tmp_path / "l.db").query("phase == 'setup'").iloc[0]
+    # 7.0 B quantized parameters at ~0.5 B + embeddings and head in bf16 (2 × 0.53 B parameters × 2 B)
+    assert 5.0 * 2**30 < setup["peak_allocated_bytes"] < 5.8 * 2**30
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "qlora.yaml", "--ledger", "l.db", "--out", "out",
+                                 "--offer", "vast-rtx_4090-1x"])
+    assert r.exit_code == 0, r.output
+    order = json.loads((tmp_path / "out" / "order.json").read_text())
+    s = order["settings"]
+    assert (s["seq_len"], s["micro_batch"] * s["grad_accum"]) == (1024, 16) and s["micro_batch"] >= 1
+    assert order["plan"]["need_bytes"] < 24 * 10**9
+    sheet = (tmp_path / "out" / "order_sheet.md").read_text()
+    assert "**Base:** base weights quantized: the linear layers in 4-bit nf4" in sheet
+    import pandas as pd
+
+    row = pd.read_csv(tmp_path / "out" / "selection.csv").set_index("offer").loc["vast-rtx_4090-1x"]
+    assert row["verdict"] in ("fits", "tight") and row["seq_len"] == 1024  # the sheet states both
+    assert (row["micro_batch"], row["grad_accum"]) == (s["micro_batch"], s["grad_accum"])
