@@ -329,6 +329,8 @@ class Trainer:
                 from probes.quantize import restore_quant_states
 
                 model_state = restore_quant_states(self.model, model_state, self.device)
+            elif quantized:  # its value is unknown under fake tensors; bitsandbytes reads the default ("row")
+                model_state = {k: v for k, v in model_state.items() if not k.endswith(".weight_format")}
             self.model.load_state_dict(model_state, strict=not (quantized and self.fake))
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

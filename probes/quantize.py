@@ -84,11 +84,21 @@ def _real_layer(lin: torch.nn.Linear, kind: str, device: torch.device):
 
 
 def _fake_layer(lin: torch.nn.Linear, kind: str, device: torch.device):
-    if kind == "int8":
-        raise RuntimeError("int8 base weights are probed on a device, not estimated yet: use nf4 or fp4 for "
-                           "estimates, or `rentplan probe` on the GPU")
     bnb = _bnb()
     from torch.utils._python_dispatch import _disable_current_modes
+
+    if kind == "int8":  # Int8Params after quantization: int8 rows (CB, which is the weight) and a scale per row
+        with _disable_current_modes():
+            meta = torch.empty(lin.out_features, lin.in_features, dtype=COMPUTE_DTYPE, device="meta")
+            cb, scb, _ = bnb.functional.int8_vectorwise_quant(meta)
+            new = _layer(lin, kind)
+        weight = torch.nn.Parameter(torch.empty_like(cb, device=device), requires_grad=False)
+        weight.CB, weight.SCB, weight.has_fp16_weights = weight.data, torch.empty_like(scb, device=device), False
+        new.weight = weight
+        if lin.bias is not None:
+            new.bias = torch.nn.Parameter(torch.empty(lin.out_features, dtype=COMPUTE_DTYPE, device=device),
+                                          requires_grad=False)
+        return new
 
     with _disable_current_modes():  # on meta, outside the estimate's modes: shapes only
         meta = torch.empty(lin.out_features, lin.in_features, dtype=COMPUTE_DTYPE, device="meta")
@@ -134,6 +144,8 @@ def quantized_bytes(model: torch.nn.Module) -> dict:
                         stats += t.numel() * t.element_size()
                 state = getattr(state, "state2", None)
             scb = getattr(w, "SCB", None)
+            if scb is None:  # after its first forward an 8-bit layer keeps the scales in its matmul state
+                scb = getattr(getattr(m, "state", None), "SCB", None)
             if isinstance(scb, torch.Tensor):
                 stats += scb.numel() * scb.element_size()
     return {"packed_bytes": packed, "stats_bytes": stats, "quantized_params": represented}

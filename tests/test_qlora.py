@@ -53,7 +53,7 @@ def layer_memory(kind, fake):
             return held, forward, tracker.peak - base, tracker.live - base
 
 
-@pytest.mark.parametrize("kind", ["nf4", "fp4"])
+@pytest.mark.parametrize("kind", ["nf4", "fp4", "int8"])
 def test_estimated_layer_holds_and_allocates_what_bitsandbytes_does(kind):
     real, fake = layer_memory(kind, fake=False), layer_memory(kind, fake=True)
     assert fake == real  # weights + quant state held; forward, backward peak and what stays, byte for byte
@@ -82,18 +82,23 @@ def test_nf4_base_is_half_a_byte_per_quantized_parameter_and_lora_trains_the_sam
     assert out["first_step"]["optimizer_state_bytes"] == plain["first_step"]["optimizer_state_bytes"]
 
 
-def test_quantize_needs_lora_and_int8_estimates_say_so(llama, tmp_path):
+def test_quantize_needs_lora(llama, tmp_path):
     r = CliRunner().invoke(cli, ["probe", "-w", f"hf:{llama}", "--quantize", "nf4", "--ledger", str(tmp_path / "l.db")])
     assert r.exit_code == 1 and "quantize needs lora" in r.output
-    r = CliRunner().invoke(cli, ["estimate", "-w", f"hf:{llama}", "--lora", LORA, "--quantize", "int8", "--seq-len",
-                                 "32", "--target", "sm80+", "--ledger", str(tmp_path / "l.db")])
-    lines = read_lines(tmp_path / "l.db")
-    assert "int8 base weights are probed on a device" in lines.loc[lines["verdict"] == "error", "detail"].iloc[0]
+
+
+@pytest.mark.parametrize("mode", ["measured", "estimated"])
+def test_int8_base_is_a_byte_per_quantized_parameter(llama, mode):
+    _, model = pilot(llama, mode, {"lora": LORA, "quantize": "int8"})
+    q = quantized_bytes(model)
+    assert q["packed_bytes"] == q["quantized_params"]  # int8 rows
+    assert q["stats_bytes"] > 0  # a float32 scale per row
 
 
 @pytest.mark.slow
-def test_qlora_resumes_exactly(llama):
-    r = CliRunner().invoke(cli, ["resume-check", "-w", f"hf:{llama}", "-p", f"lora={LORA}", "-p", "quantize=nf4",
+@pytest.mark.parametrize("kind", ["nf4", "int8"])
+def test_qlora_resumes_exactly(llama, kind):
+    r = CliRunner().invoke(cli, ["resume-check", "-w", f"hf:{llama}", "-p", f"lora={LORA}", "-p", f"quantize={kind}",
                                  "--precision", "bf16", "--updates", "4", "--at", "2"])
     assert r.exit_code == 0, r.output
     assert "resume is exact" in r.output
