@@ -16,7 +16,7 @@ import pandas as pd
 
 from planner.errors import CatalogError
 from planner.units import GiB
-from planner.yamlsafe import Problems, load_yaml_file
+from planner.yamlsafe import MAX_CATALOG_BYTES, Problems, load_yaml_file
 
 GPU_KEYS = {"id", "name", "vendor", "arch", "compute_capability", "memory_gb_marketed", "memory_gib_usable",
             "mem_bandwidth_tbps", "bf16_dense_tflops", "fp16_dense_tflops", "tf32_dense_tflops", "fp32_tflops",
@@ -143,7 +143,7 @@ def default_catalog_path() -> Path:
 
 def load_catalog(path: str | Path | None = None) -> Catalog:
     path = Path(path) if path else default_catalog_path()
-    data = load_yaml_file(path, "catalog")
+    data = load_yaml_file(path, "catalog", MAX_CATALOG_BYTES)
     return parse_catalog(data, str(path))
 
 

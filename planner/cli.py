@@ -557,9 +557,9 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
     text = merged_catalog_text(src.read_text(encoding="utf-8"), offers, str(src))
     from planner.catalog import parse_catalog
     from planner.render import atomic_write
-    from planner.yamlsafe import load_yaml_text
+    from planner.yamlsafe import MAX_CATALOG_BYTES, load_yaml_text
 
-    parse_catalog(load_yaml_text(text, str(out_path)), str(out_path))  # the merged catalog validates first ...
+    parse_catalog(load_yaml_text(text, str(out_path), MAX_CATALOG_BYTES), str(out_path))  # the merged catalog validates first ...
     try:
         atomic_write(Path(out_path), text)  # ... then replaces the file in one step
     except OSError as e:
@@ -572,13 +572,13 @@ def merged_catalog_text(text: str, offers: list[dict], source: str) -> str:
     comments are kept), else the whole document written out again (comments lost, said on stderr)."""
     import yaml
 
-    from planner.yamlsafe import load_yaml_text
+    from planner.yamlsafe import MAX_CATALOG_BYTES, load_yaml_text
 
-    data = load_yaml_text(text, source)
+    data = load_yaml_text(text, source, MAX_CATALOG_BYTES)
     before = len(data.get("offers") or [])
     appended = text.rstrip("\n") + "\n" + yaml.safe_dump(offers, sort_keys=False) if offers else text
     try:
-        merged = load_yaml_text(appended, source)
+        merged = load_yaml_text(appended, source, MAX_CATALOG_BYTES)
         if isinstance(merged, dict) and len(merged.get("offers") or []) == before + len(offers):
             return appended
     except InputError:

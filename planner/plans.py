@@ -46,42 +46,43 @@ def objective(items: list[Item], chosen: list[int]) -> tuple:
     return counts + (round(sum(i.hours for i in picked), 6), tuple(sorted(chosen)))
 
 
-def billed_hours(hours: float, minimum: float) -> float:
-    return max(hours, minimum)
-
-
 def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd.DataFrame:
-    """One row per (window, offer that fits): variants in and out, hours, idle, cost; cheapest marked."""
-    rows = []
+    """One row per (window, offer that fits): variants in and out, hours, idle, cost; cheapest marked.
+    Offers that take the same hours pack the same variants: packed once per (hours, window), then columns."""
     fitting = sheet[(sheet["verdict"] != NO_FIT) & sheet["variant_hours_high"].notna()]
-    p1 = {v.id for v in campaign.variants if v.priority == min(x.priority for x in campaign.variants)}
+    if fitting.empty:
+        return pd.DataFrame()
+    variants = campaign.variants
+    p1 = {v.id for v in variants if v.priority == min(x.priority for x in variants)}
+    hours = fitting["variant_hours_high"].astype(float)  # the conservative end of the range
+    hours_lo = fitting["variant_hours_low"].astype(float)
+    price = fitting["price_per_hour_usd"].astype(float)
+    minimum = pd.to_numeric(fitting.get("billing_minimum_hours"), errors="coerce").fillna(0.0) \
+        if "billing_minimum_hours" in fitting else pd.Series(0.0, index=fitting.index)
+    frames = []
     for d in days:
         window = d * 24.0
-        for _, r in fitting.iterrows():
-            per_variant = float(r["variant_hours_high"])  # the conservative end of the range
-            items = [Item(i, v.priority, per_variant) for i, v in enumerate(campaign.variants)]
-            capacity = window - campaign.setup_hours
-            chosen = pack(items, capacity) if capacity > 0 else []
-            ids = [campaign.variants[i].id for i in chosen]
-            left_out = [v.id for i, v in enumerate(campaign.variants) if i not in chosen]
-            used = (campaign.setup_hours + per_variant * len(chosen)) if chosen else 0.0
-            used_lo = (campaign.setup_hours + float(r["variant_hours_low"]) * len(chosen)) if chosen else 0.0
-            price = float(r["price_per_hour_usd"])
-            minimum = _billing_minimum(r)
-            rows.append({
-                "days": d, "offer": r["offer"], "gpu": r["gpu"], "provider": r["provider"],
-                "strategy": r["strategy"], "verdict": r["verdict"],
-                "variants_in": ", ".join(ids), "variants_out": ", ".join(left_out),
-                "completes_priority_1": p1 <= set(ids),
-                "hours_used_low": used_lo, "hours_used_high": used, "idle_hours": max(0.0, window - used),
-                "cost_usd_low": price * billed_hours(used_lo, minimum) if chosen else 0.0,
-                "cost_usd_high": price * billed_hours(used, minimum) if chosen else 0.0,
-                "cost_if_held_whole_window_usd": price * window,
-                "price_per_hour_usd": price,
-            })
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return df
+        capacity = window - campaign.setup_hours
+        chosen = {h: (pack([Item(i, v.priority, h) for i, v in enumerate(variants)], capacity) if capacity > 0
+                      else []) for h in hours.unique()}
+        n = hours.map({h: len(c) for h, c in chosen.items()})
+        used = (campaign.setup_hours + hours * n).where(n > 0, 0.0)
+        used_lo = (campaign.setup_hours + hours_lo * n).where(n > 0, 0.0)
+        frames.append(pd.DataFrame({
+            "days": d, "offer": fitting["offer"], "gpu": fitting["gpu"], "provider": fitting["provider"],
+            "strategy": fitting["strategy"], "verdict": fitting["verdict"],
+            "variants_in": hours.map({h: ", ".join(variants[i].id for i in c) for h, c in chosen.items()}),
+            "variants_out": hours.map({h: ", ".join(v.id for i, v in enumerate(variants) if i not in c)
+                                       for h, c in chosen.items()}),
+            "completes_priority_1": hours.map({h: p1 <= {variants[i].id for i in c} for h, c in chosen.items()}),
+            "hours_used_low": used_lo, "hours_used_high": used, "idle_hours": (window - used).clip(lower=0.0),
+            "cost_usd_low": (price * used_lo.where(used_lo > minimum, minimum)).where(n > 0, 0.0),
+            "cost_usd_high": (price * used.where(used > minimum, minimum)).where(n > 0, 0.0),
+            "cost_if_held_whole_window_usd": price * window,
+            "price_per_hour_usd": price,
+        }))
+    df = pd.concat(frames, ignore_index=True)
+    df["completes_priority_1"] = df["completes_priority_1"].astype(bool)
     df["cheapest_for_priority_1"] = False
     for d in days:
         ok = df[(df["days"] == d) & df["completes_priority_1"]]
@@ -89,10 +90,6 @@ def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd
             df.loc[ok.sort_values(["cost_usd_high", "hours_used_high"]).index[0], "cheapest_for_priority_1"] = True
     return df.sort_values(["days", "cheapest_for_priority_1", "cost_usd_high"], ascending=[True, False, True]) \
         .reset_index(drop=True)
-
-
-def _billing_minimum(row) -> float:
-    return float(row.get("billing_minimum_hours", 0.0) or 0.0)
 
 
 def recommend(sheet: pd.DataFrame) -> pd.Series | None:

@@ -179,9 +179,8 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
         g = match_catalog_gpu(device, catalog)
         if g is not None:
             seen[g.id] = {**times, "device": device}
-    rows = [offer_row(campaign, catalog, catalog.gpu(o.gpu), o, fams, fams.seq, headroom, seen.get(o.gpu))
-            for o in (offers or catalog.offers)]
-    df = pd.DataFrame(rows)
+    df = priced_sheet(offers or catalog.offers, catalog, lambda o: sized_row(
+        campaign, catalog, catalog.gpu(o.gpu), o, fams, fams.seq, headroom, seen.get(o.gpu)))
     df.attrs["seq_len_note"] = fams.seq_note
     order = {FITS: 0, TIGHT: 1, NO_FIT: 2}
     df["_o"] = df["verdict"].map(order)
@@ -208,6 +207,73 @@ def recommended_index(sheet: pd.DataFrame):
 
 def offer_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams: Families, seq: int,
               headroom: float, observed: dict | None = None) -> dict:
+    """One offer's row of the selection sheet."""
+    return priced_row(sized_row(campaign, catalog, gpu, offer, fams, seq, headroom, observed), offer, gpu)
+
+
+PRICED = ("offer", "provider", "instance", "spot", "price_per_instance_hour_usd", "price_per_hour_usd",
+          "price_per_gpu_hour_usd", "billing_minimum_hours", "as_of", "price_source", "unverified",
+          "campaign_cost_usd_low", "campaign_cost_usd_high")
+
+
+def priced_row(sized: dict, offer: Offer, gpu: Gpu) -> dict:
+    """A sized row (what the offer's shape holds and how long the campaign takes) with this offer's price."""
+    price = offer.price_per_hour_usd
+    lo, hi = sized["campaign_hours_low"], sized["campaign_hours_high"]
+    row = {
+        "offer": offer.id, "gpu": sized["gpu"], "provider": offer.provider, "instance": offer.instance,
+        "gpus_per_instance": sized["gpus_per_instance"], "nodes": sized["nodes"], "network": sized["network"],
+        "spot": offer.spot, "price_per_instance_hour_usd": offer.price_per_instance_hour_usd,
+        "price_per_hour_usd": price, "price_per_gpu_hour_usd": round(offer.price_per_gpu_hour_usd, 4),
+        "billing_minimum_hours": offer.billing_minimum_hours,
+        **{k: v for k, v in sized.items() if k not in PRICED},
+        "as_of": offer.as_of, "price_source": offer.source,
+        "unverified": "; ".join(list(gpu.unverified) + list(offer.unverified)),
+        "campaign_cost_usd_low": None if lo is None else price * max(lo, offer.billing_minimum_hours),
+        "campaign_cost_usd_high": None if hi is None else price * max(hi, offer.billing_minimum_hours),
+    }
+    return row
+
+
+def _shape(o: Offer) -> str:
+    return f"{o.gpu}|{o.gpus_per_instance}|{o.nodes}|{o.network}|{o.network_gbps}"
+
+
+def priced_sheet(offers: list[Offer], catalog: Catalog, size) -> pd.DataFrame:
+    """Every offer's row: sized once per shape (GPU, GPUs per instance, nodes, network; offers of one shape differ
+    only in price), then joined to the offers' prices as columns, so a 20,000-offer catalog costs little more
+    than the shapes it holds. Same rows as offer_row gives one by one."""
+    sized: dict[str, dict] = {}
+    for o in offers:
+        key = _shape(o)
+        if key not in sized:
+            sized[key] = size(o)
+    order = list(priced_row(sized[_shape(offers[0])], offers[0], catalog.gpu(offers[0].gpu)))
+    prices = pd.DataFrame({
+        "offer": [o.id for o in offers], "provider": [o.provider for o in offers],
+        "instance": [o.instance for o in offers], "spot": [o.spot for o in offers],
+        "price_per_instance_hour_usd": [o.price_per_instance_hour_usd for o in offers],
+        "price_per_hour_usd": [o.price_per_hour_usd for o in offers],
+        "price_per_gpu_hour_usd": [round(o.price_per_gpu_hour_usd, 4) for o in offers],
+        "billing_minimum_hours": [o.billing_minimum_hours for o in offers],
+        "as_of": [o.as_of for o in offers], "price_source": [o.source for o in offers],
+        "unverified": ["; ".join(list(catalog.gpu(o.gpu).unverified) + list(o.unverified)) for o in offers],
+        "_shape": [_shape(o) for o in offers]})
+    shapes = pd.DataFrame([{k: v for k, v in row.items() if k not in PRICED} | {"_shape": key}
+                           for key, row in sized.items()])
+    df = prices.merge(shapes, on="_shape", how="left", sort=False)
+    price, minimum = df["price_per_hour_usd"].astype(float), df["billing_minimum_hours"].astype(float)
+    for end in ("low", "high"):
+        hours = pd.to_numeric(df[f"campaign_hours_{end}"], errors="coerce")
+        cost = price * hours.where(hours > minimum, minimum)
+        df[f"campaign_cost_usd_{end}"] = cost.where(hours.notna())
+    return df[order]
+
+
+def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams: Families, seq: int,
+              headroom: float, observed: dict | None = None) -> dict:
+    """What an offer's shape (GPU, count, nodes, network) holds and how long the campaign takes on it: every
+    field of the row but the price's (offer is any offer of that shape)."""
     precision, why = choose_precision(gpu, campaign.precision)
     fam = fams.get(precision, kernel_target(gpu.compute_capability, gpu.software))
     ctx = catalog.context_bytes + outside_bytes(fam, gpu)

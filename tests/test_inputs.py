@@ -76,8 +76,11 @@ def test_unsafe_tag_refused(tmp_path):
 def test_yaml_bomb_and_oversize_refused(tmp_path):
     bomb = "a: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]\n"
     assert_error(run("catalog", "validate", write(tmp_path, "bomb.yaml", bomb)), "aliases are not allowed")
-    big = write(tmp_path, "big.yaml", "# " + "x" * (3 * 1024 * 1024))
-    assert_error(run("catalog", "validate", big), "over the 2048 KiB limit")
+    # A full SkyPilot catalog (20,000 offers) is about 8 MiB: catalogs may be 32 MiB, specs and grids 2 MiB.
+    big = write(tmp_path, "big.yaml", "# " + "x" * (33 * 1024 * 1024))
+    assert_error(run("catalog", "validate", big), "over the 32768 KiB limit for catalog files")
+    spec = write(tmp_path, "spec.yaml", "# " + "x" * (3 * 1024 * 1024))
+    assert_error(run("plan", "--campaign", spec), "over the 2048 KiB limit for campaign files")
 
 
 def test_unknown_gpu_suggests_close_match():

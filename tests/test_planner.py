@@ -131,3 +131,33 @@ def test_fsdp_is_chosen_when_model_states_do_not_fit_one_gpu(tmp_path):
     assert eight["strategy"] == "fsdp × 8" and eight["verdict"] in (FITS, TIGHT)
     assert "estimated for FSDP × 8" in eight["need_basis"] and "do not fit one GPU" in eight["strategy_why"]
     assert eight["micro_batch"] * eight["grad_accum"] * eight["replicas"] == 16
+
+
+def test_sheet_sized_per_shape_equals_offer_by_offer(tmp_path):
+    """select() sizes each (GPU, count, nodes, network) once and joins prices as columns: the rows must be
+    exactly those offer_row gives offer by offer."""
+    import math
+
+    from planner.campaign import load_campaign_text
+    from planner.catalog import load_catalog
+    from planner.ledger import read_lines
+    from planner.select import Families, family_lines, offer_row, select
+    from tests.factories import campaign_yaml, standard_ledger
+
+    lines = read_lines(standard_ledger(tmp_path / "l.db"))
+    campaign = load_campaign_text(campaign_yaml(), "c.yaml")
+    catalog = load_catalog(None)
+    fams = Families(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
+    sheet = select(campaign, lines, catalog, fams=fams).set_index("offer")
+    for o in catalog.offers:
+        want = offer_row(campaign, catalog, catalog.gpu(o.gpu), o, fams, fams.seq, 0.10)
+        got = sheet.loc[o.id]
+        for key, value in want.items():
+            if key == "offer":
+                continue
+            have = got[key]
+            if isinstance(value, float) or isinstance(have, float):
+                assert (value is None and math.isnan(have)) or math.isclose(float(value), float(have),
+                                                                            rel_tol=1e-12), (o.id, key)
+            else:
+                assert have == value, (o.id, key, have, value)
