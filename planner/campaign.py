@@ -12,13 +12,15 @@ from planner.records import canonical_precision, OPTIMIZERS, PRECISIONS
 from planner.yamlsafe import Problems, load_yaml_file, load_yaml_text
 
 TOP_KEYS = {"name", "workload", "params", "seq_len", "effective_batch", "updates", "eval", "export", "setup_hours",
-            "stop_if", "variants", "precision", "optimizer", "checkpointing", "budget_usd", "headroom", "notes",
-            "compare", "micro_batch", "lr", "diverge_above", "quality_target"}
+            "stop_if", "variants", "precision", "optimizer", "checkpointing", "budget_usd", "compare", "micro_batch", "lr", "diverge_above", "quality_target"}
 # What a variant may change: how the same question is computed (learning rate, and the memory fixes: a smaller
 # micro-batch with more accumulation, activation checkpointing, mixed precision), and its seed. Anything else
 # (architecture, data, effective batch, updates) would change the question, and is refused by name.
 VARIANT_SETTINGS = ("lr", "micro_batch", "checkpointing", "precision")
-HELD_FIXED = TOP_KEYS - {"name", "variants", "budget_usd", "headroom", "notes", "setup_hours", "compare",
+# Keys a spec once took and nothing read: refused with where the setting lives instead.
+MOVED = {"headroom": "headroom is an option of plan (--headroom 0.1), not of the spec",
+         "notes": "notes are not read from a spec: write YAML comments (# ...), or `rentplan note TEXT` for the ledger"}
+HELD_FIXED = TOP_KEYS - {"name", "variants", "budget_usd", "setup_hours", "compare",
                          "diverge_above", "quality_target", *VARIANT_SETTINGS}
 EVAL_KEYS = {"every_updates", "examples", "seq_len", "micro_batch"}
 STOP_KEYS = {"nonfinite", "loss_above", "diverged"}
@@ -150,7 +152,10 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
     if not isinstance(data, dict):
         p.add("", "a campaign must be a mapping (name:, workload:, variants: ...)")
         p.raise_if_any(CampaignError)
-    p.unknown_keys("", data, TOP_KEYS)
+    for key, why in MOVED.items():
+        if key in data:
+            p.add(key, why)
+    p.unknown_keys("", {k: v for k, v in data.items() if k not in MOVED}, TOP_KEYS)
     p.require("", data, ["name", "workload", "effective_batch", "updates", "eval", "variants"])
     for key in ("name", "workload"):
         if data.get(key) is not None:

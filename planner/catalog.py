@@ -120,9 +120,6 @@ class Catalog:
         more = f" Did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
         raise CatalogError(f"unknown GPU {gpu_id!r}.{more} `rentplan catalog list` shows the ids.")
 
-    def gpus_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([asdict(g) for g in self.gpus.values()])
-
     def offers_frame(self) -> pd.DataFrame:
         rows = []
         for o in self.offers:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import yaml
@@ -155,5 +155,3 @@ def load_grid_file(path: str) -> dict[str, Any]:
     problems.raise_if_any()
     return data
 
-
-GRID_FIELDS = [f.name for f in fields(GridSpec)]

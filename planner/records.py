@@ -33,7 +33,6 @@ PHASES = ("setup", "first_step", "steady", "eval", "save", "export", "resume")
 # resume happen only where that loop does them.
 OBSERVED_PHASES = ("setup", "first_step", "steady", "eval")
 SOURCES = ("probe", "hf-trainer", "lightning", "script")
-MODES = ("measured", "estimated")
 # fp32, bf16 and fp16 are Lightning's 32-true, bf16-mixed and 16-mixed (fp32 weights, autocast; fp16 with a
 # gradient scaler). The *-true ones keep weights, gradients and optimizer state in that dtype (no autocast,
 # no scaler), as a full fine-tune with torchtune's defaults does. Lightning's spellings are accepted as input.

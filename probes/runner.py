@@ -166,10 +166,6 @@ class WorkerOutcome:
     detail: str = ""
 
 
-class Interrupted(Exception):
-    pass
-
-
 def _run_worker(phases, cfg: ProbeConfig, workdir: str, run_id: str, probe_id: str, timeout_s: float,
                 on_line: Callable[[dict], None], on_phase: Callable[[str], None]) -> WorkerOutcome:
     ctx = _context()

@@ -21,7 +21,6 @@ from planner.errors import WorkloadError
 
 REQUIRED = ("name", "build_model", "make_batch", "compute_loss")
 OWN_PACKAGES = {"planner", "probes"}
-OPTIONAL = ("count_targets", "predict", "show", "class_names")
 
 
 def _builtin(name: str):

@@ -344,3 +344,18 @@ variants:
     billed = m[m["kind"].isin(["train", "val", "export"])]["seconds"].sum()
     assert row["hours"] == pytest.approx(billed / 3600)
     assert row["setup_s"] == pytest.approx(m[m["kind"] == "setup"]["seconds"].sum())
+
+
+def test_spec_keys_that_nothing_reads_are_refused_by_name(tmp_path):
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+    from tests.factories import campaign_yaml
+
+    spec = tmp_path / "c.yaml"
+    spec.write_text(campaign_yaml(headroom=0.2, notes="try lr 3e-4 next", colour="blue"))
+    r = CliRunner().invoke(cli, ["plan", "--campaign", str(spec), "--ledger", str(tmp_path / "l.db")])
+    assert r.exit_code == 1
+    assert "headroom: headroom is an option of plan (--headroom 0.1)" in r.output
+    assert "notes: notes are not read from a spec" in r.output
+    assert "colour: unknown key" in r.output  # every problem at once
