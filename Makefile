@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test browser sky bench gpu-check clean
+.PHONY: install demo test test-slow test-all browser sky bench gpu-check clean
 
 $(BIN)/rentplan: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,15 @@ demo: install
 	$(BIN)/rentplan demo
 	@echo "The CLI is $(BIN)/rentplan (or: source $(BIN)/activate, then rentplan --help)."
 
+# The everyday suite (under 3 minutes on 2 cores); the slow tests (real pilots, torchrun, 8B estimates) run in
+# CI after it (.ci/run), or here with make test-slow / make test-all.
 test: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
+
+test-all: install
 	$(BIN)/python -m pytest -q
 
 # SkyPilot's parser, for the sky.yaml test. Its own environment: skypilot pins click < 8.2, which the hub under

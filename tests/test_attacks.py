@@ -125,6 +125,7 @@ def test_a_ledger_of_a_newer_schema_is_refused_and_an_older_one_backed_up(tmp_pa
            says="newer")
 
 
+@pytest.mark.slow
 def test_temporary_checkpoints_of_a_killed_run_are_cleaned_by_the_next(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     import tempfile
@@ -233,6 +234,7 @@ def test_integrity_attacks(run_dir, tmp_path):
 
 # ---------------------------------------------------------------- concurrency
 
+@pytest.mark.slow
 def test_a_claimed_configuration_is_skipped_by_a_second_probe(tmp_path):
     pytest.importorskip("torch")
     from planner.grid import GridSpec, build_grid
@@ -418,6 +420,7 @@ def an_order(tmp_path) -> dict:
     return json.loads((tmp_path / "plan-out" / "order.json").read_text())
 
 
+@pytest.mark.slow
 def test_verify_refuses_invalid_orders(tmp_path):
     made = an_order(tmp_path)
     for change, says in ((("expect", "device_kind", "tpu"), "device_kind"),
@@ -434,6 +437,7 @@ def test_verify_refuses_invalid_orders(tmp_path):
         attack(["verify", path, "--skip-pilot"], [path], says=says)
 
 
+@pytest.mark.slow
 def test_verify_says_which_workload_it_will_import_and_refuses_a_foreign_one(tmp_path):
     made = an_order(tmp_path)
     path = tmp_path / "order.json"
@@ -465,6 +469,7 @@ def test_an_older_ledger_is_backed_up_before_it_is_migrated(tmp_path):
     assert con.execute("SELECT COUNT(*) FROM lines").fetchone()[0] > 0
 
 
+@pytest.mark.slow
 def test_two_probes_on_one_ledger_run_each_configuration_once(tmp_path):
     """The user's steps: two terminals start the same probe on one ledger at once."""
     pytest.importorskip("torch")

@@ -34,6 +34,7 @@ def estimate(tmp_path, ref, params, target="sm80+", **kw):
     (f"{WORKLOADS}:hf_from_config", {"kind": "llama"}),  # grouped-query attention
     (f"{WORKLOADS}:hf_from_config", {"kind": "t5"}),     # seq2seq: encoder, decoder, cross-attention
 ])
+@pytest.mark.slow
 def test_models_with_data_dependent_construction_are_estimated_through_every_phase(tmp_path, ref, params):
     lines = estimate(tmp_path, ref, params)
     assert set(lines) == set(PHASES)
@@ -44,6 +45,7 @@ def test_models_with_data_dependent_construction_are_estimated_through_every_pha
     assert setup["param_bytes"] == 4 * setup["param_count"]  # parameters are counted (fake, fp32), not lost
 
 
+@pytest.mark.slow
 def test_a_billion_parameter_model_is_estimated_without_materialising_its_weights(tmp_path):
     """GPT-2 at 24 × 2048 (1.3 B parameters, 5.3 GB of fp32 weights) builds in a process that stays under 1 GiB."""
     code = f"""

@@ -310,6 +310,7 @@ def make():
 '''
 
 
+@pytest.mark.slow
 def test_resume_check_catches_a_make_batch_seeded_from_hash(tmp_path):
     (tmp_path / "hs.py").write_text(HASH_SEEDED)
     r = run("resume-check", "-w", f"{tmp_path / 'hs.py'}:make", "--updates", "4", "--at", "2", ok=False)
@@ -317,6 +318,7 @@ def test_resume_check_catches_a_make_batch_seeded_from_hash(tmp_path):
     assert "PYTHONHASHSEED" in r.output  # the resumed half ran under another hash seed, and says so
 
 
+@pytest.mark.slow
 def test_the_readme_workload_example_is_deterministic_across_processes(tmp_path):
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
     code = readme.split("A complete workload file (`my_workload.py`)")[1].split("```python")[1].split("```")[0]

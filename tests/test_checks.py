@@ -167,12 +167,14 @@ def test_inspect_classifier_prints_class_names():
 @pytest.mark.parametrize("ref, extra", [("builtin:gpt", []), ("builtin:classifier", []),
                                         ("builtin:gpt", ["--grad-accum", "4", "--at-micro", "2", "--precision",
                                                          "fp16"])])
+@pytest.mark.slow
 def test_resume_check_passes_on_builtins(ref, extra):
     r = run("resume-check", "-w", ref, *TINY_ARGS, *extra)
     assert r.exit_code == 0, r.output
     assert "resume is exact" in r.output
 
 
+@pytest.mark.slow
 def test_resume_check_names_data_position_for_a_counter_workload():
     r = CliRunner().invoke(cli, ["resume-check", "-w", f"{WORKLOADS}:own_counter", *TINY_ARGS])
     assert r.exit_code == 1

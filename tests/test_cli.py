@@ -46,6 +46,7 @@ def test_every_command_has_help():
     assert {"campaign run", "campaign report", "catalog import", "ledger show", "archive"} <= set(seen)
 
 
+@pytest.mark.slow
 def test_plan_without_torch_in_a_subprocess(tmp_path):
     ledger = standard_ledger(tmp_path / "l.db")
     camp = tmp_path / "c.yaml"

@@ -34,6 +34,7 @@ def three_ways(tmp_path_factory):
     return ledger, res.run_ids
 
 
+@pytest.mark.slow
 def test_ddp_two_ranks_each_write_every_phase(three_ways):
     ledger, (single, ddp, _, _, _) = three_ways
     d = by_run(ledger, ddp)
@@ -107,6 +108,7 @@ def test_fake_process_group_estimate_agrees_with_two_real_ranks(three_ways):
     assert e.loc["first_step", "optimizer_state_bytes"] == real.loc["first_step", "optimizer_state_bytes"]
 
 
+@pytest.mark.slow
 def test_classifier_runs_whole_under_both_strategies(tmp_path):
     """The classifier pools inside forward: the wrappers' hooks (DDP's reducer, FSDP's root all-gather) run."""
     ledger = str(tmp_path / "l.db")
@@ -119,6 +121,7 @@ def test_classifier_runs_whole_under_both_strategies(tmp_path):
         assert len(d) == 2 * len(PHASES) and (d["verdict"] == "ok").all(), d[["rank", "phase", "detail"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how, verdict", [("raise", "error"), ("hang", "timeout")])
 def test_a_failing_rank_ends_its_configuration_and_the_next_runs(tmp_path, how, verdict):
     ledger = str(tmp_path / "l.db")

@@ -31,6 +31,7 @@ def pilot_lines(tmp_path, mode, ref="builtin:gpt", params=SMALL, **kw):
 @pytest.mark.parametrize("ref", ["builtin:gpt", "builtin:classifier"])
 @pytest.mark.parametrize("size", [dict(micro_batch=1, seq_len=32, eval_seq_len=64),
                                   dict(micro_batch=4, seq_len=128, eval_seq_len=256, precision="bf16")])
+@pytest.mark.slow
 def test_estimate_matches_measured_allocated_peak_per_phase(tmp_path, ref, size):
     measured = pilot_lines(tmp_path, "measured", ref, **size)
     estimated = pilot_lines(tmp_path, "estimated", ref, **size)
@@ -46,6 +47,7 @@ def test_estimate_matches_measured_allocated_peak_per_phase(tmp_path, ref, size)
     assert census["sm80+"]["flops"] == measured["steady"]["flops_per_update"] >= estimated["steady"]["flops_per_update"]
 
 
+@pytest.mark.slow
 def test_memory_model_predicts_held_out_measured_configs_within_3_percent(tmp_path):
     from planner.ledger import Ledger
     from planner.records import Line
@@ -72,6 +74,7 @@ def test_memory_model_predicts_held_out_measured_configs_within_3_percent(tmp_pa
             assert abs(predicted - actual) / actual < 0.03, (mb, seq, phase, predicted, actual)
 
 
+@pytest.mark.slow
 def test_search_brackets_a_cap_between_two_sizes_and_reports_only_tested(tmp_path):
     from probes.search import find_max
 
@@ -86,6 +89,7 @@ def test_search_brackets_a_cap_between_two_sizes_and_reports_only_tested(tmp_pat
     assert res.real_probes <= 4
 
 
+@pytest.mark.slow
 def test_seven_billion_estimate_never_allocates_the_model(tmp_path):
     code = f"""
 import json, resource, sys
@@ -115,6 +119,7 @@ print(json.dumps({{"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1
     ("builtin:gpt", SMALL, True),
     (f"{WORKLOADS}:conv_audio", {}, True),
 ])
+@pytest.mark.slow
 def test_an_estimates_census_leaves_every_peak_unchanged(tmp_path, monkeypatch, ref, params, ckpt):
     """The op census rides on an estimate's steady update: every figure of every phase must be what it is with
     a pass-through mode in its place (FlopCounterMode once kept checkpointed recomputations alive)."""

@@ -35,6 +35,7 @@ def pilot(tmp_path, ref, params, phases=TRAIN_WORKER_PHASES, **kw):
     return out, p
 
 
+@pytest.mark.slow
 def test_tiny_llama_probes_through_all_phases(tmp_path, llama):
     ledger = str(tmp_path / "l.db")
     r = CliRunner().invoke(cli, ["probe", "-w", f"hf:{llama}", "--seq-len", "32", "--ledger", ledger,
@@ -44,6 +45,7 @@ def test_tiny_llama_probes_through_all_phases(tmp_path, llama):
     assert list(df["phase"]) == list(PHASES) and (df["verdict"] == "ok").all(), df[["phase", "detail"]]
 
 
+@pytest.mark.slow
 def test_lora_optimizer_state_is_exactly_the_adapters(tmp_path, llama):
     lines, p = pilot(tmp_path, f"hf:{llama}", {"lora": LORA})
     trainable = [q for q in p.trainer.model.parameters() if q.requires_grad]
@@ -57,6 +59,7 @@ def test_lora_optimizer_state_is_exactly_the_adapters(tmp_path, llama):
     assert lines["setup"]["trainable_param_count"] == sum(q.numel() for q in trainable)
 
 
+@pytest.mark.slow
 def test_lora_export_writes_only_the_adapter_and_it_reloads(tmp_path, llama):
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -90,6 +93,7 @@ def write_tokenizer(path):
                                                             "eos_token": "</s>"}))
 
 
+@pytest.mark.slow
 def test_p99_length_of_the_data_drives_the_lengths(tmp_path, llama):
     write_tokenizer(llama)
     data = tmp_path / "data.jsonl"
@@ -119,6 +123,7 @@ def test_inspect_shows_masked_prompt_of_own_data(tmp_path, llama):
     assert "w1 w2 w3 w4 w5" in r.output and "mask: ...xxx.." in r.output
 
 
+@pytest.mark.slow
 def test_sequence_classification_config_probes_through_all_phases(tmp_path):
     path = tmp_path / "cls"
     transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -131,6 +136,7 @@ def test_sequence_classification_config_probes_through_all_phases(tmp_path):
     assert batch["labels"].shape == (2,) and int(batch["labels"].max()) < 3
 
 
+@pytest.mark.slow
 def test_campaign_with_adapter_export_ships_the_adapter_and_finishes(tmp_path, llama):
     from safetensors import safe_open
 
@@ -168,6 +174,7 @@ def qa(n_prompt, n_response, start=0):
             "response": " ".join(f"w{(start + 7 + j) % 200}" for j in range(n_response))}
 
 
+@pytest.mark.slow
 def test_long_examples_are_counted_and_the_on_truncate_choice_is_kept(tmp_path, llama):
     """A user's data with 3 of 40 examples longer than seq_len: warn says so; drop leaves them out of every
     batch; error refuses before any worker starts."""

@@ -21,6 +21,7 @@ def run_pilot(tmp_path, phases=TRAIN_WORKER_PHASES, **cfg_kw):
     return lines, pilot
 
 
+@pytest.mark.slow
 def test_adamw_state_counted_to_the_byte(tmp_path):
     lines, pilot = run_pilot(tmp_path, optimizer="adamw", micro_batch=2, seq_len=16, eval_seq_len=16)
     params = list(pilot.trainer.model.parameters())
@@ -36,12 +37,14 @@ def test_adamw_state_counted_to_the_byte(tmp_path):
     assert lines["setup"]["peak_allocated_bytes"] >= param_bytes
 
 
+@pytest.mark.slow
 def test_sgd_without_momentum_keeps_no_state(tmp_path):
     lines, _ = run_pilot(tmp_path, optimizer="sgd", micro_batch=2, seq_len=16, eval_seq_len=16)
     assert lines["first_step"]["optimizer_state_bytes"] == 0
     assert lines["steady"]["baseline_allocated_bytes"] == lines["first_step"]["baseline_allocated_bytes"]
 
 
+@pytest.mark.slow
 def test_cpu_lines_have_no_reserved_and_all_phases_ok(tmp_path):
     lines, _ = run_pilot(tmp_path, micro_batch=1, seq_len=16, eval_seq_len=32)
     for phase, line in lines.items():
@@ -60,6 +63,7 @@ def peak(tmp_path, phase="first_step", **kw):
     return lines[phase]["peak_allocated_bytes"]
 
 
+@pytest.mark.slow
 def test_allocated_grows_with_micro_batch_and_sequence_length(tmp_path):
     params = {"layers": 2, "d_model": 64, "heads": 2, "vocab": 128}
     base = peak(tmp_path, params=params, micro_batch=1, seq_len=128)
@@ -67,6 +71,7 @@ def test_allocated_grows_with_micro_batch_and_sequence_length(tmp_path):
     assert peak(tmp_path, params=params, micro_batch=1, seq_len=512) > base
 
 
+@pytest.mark.slow
 def test_eval_at_twice_the_length_has_its_own_peak(tmp_path):
     params = {"layers": 2, "d_model": 64, "heads": 2, "vocab": 128}
     short = peak(tmp_path, "eval", params=params, micro_batch=2, seq_len=128, eval_seq_len=128, eval_micro_batch=2)
@@ -74,6 +79,7 @@ def test_eval_at_twice_the_length_has_its_own_peak(tmp_path):
     assert long > short
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_lowers_first_step_peak(tmp_path):
     params = {"layers": 4, "d_model": 128, "heads": 4, "vocab": 256}
     plain = peak(tmp_path, params=params, micro_batch=2, seq_len=512, checkpointing=False)
@@ -81,6 +87,7 @@ def test_activation_checkpointing_lowers_first_step_peak(tmp_path):
     assert ckpt < plain
 
 
+@pytest.mark.slow
 def test_bf16_and_fp16_on_cpu(tmp_path):
     lines, pilot = run_pilot(tmp_path, precision="bf16", micro_batch=1, seq_len=16, eval_seq_len=16)
     assert all(line["verdict"] == "ok" for line in lines.values())
@@ -97,11 +104,13 @@ def test_cap_below_need_is_oom_not_crash(tmp_path):
     assert "CPU cap exceeded" in next(line["detail"] for line in lines.values() if line["verdict"] == "oom")
 
 
+@pytest.mark.slow
 def test_cap_above_need_is_ok(tmp_path):
     lines, _ = run_pilot(tmp_path, micro_batch=1, seq_len=16, eval_seq_len=16, cap="1GiB", cap_bytes=2**30)
     assert all(line["verdict"] == "ok" for line in lines.values())
 
 
+@pytest.mark.slow
 def test_resume_loads_weights_only_and_continues(tmp_path):
     lines, pilot = run_pilot(tmp_path, micro_batch=1, seq_len=16, eval_seq_len=16)
     lines2, pilot2 = run_pilot(tmp_path, phases=("resume",), micro_batch=1, seq_len=16, eval_seq_len=16)

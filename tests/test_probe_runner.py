@@ -32,6 +32,7 @@ def lines_of(ledger, run_id):
     return df[df.run_id == run_id].set_index("phase")
 
 
+@pytest.mark.slow
 def test_nonfinite_names_the_update_and_spares_other_configs(ledger_path):
     bad = cfg(f"{WORKLOADS}:nan_at", {"update": 3})
     good = cfg()
@@ -46,6 +47,7 @@ def test_nonfinite_names_the_update_and_spares_other_configs(ledger_path):
     assert (second["verdict"] == "ok").all() and len(second) == len(PHASES)
 
 
+@pytest.mark.slow
 def test_sigkilled_worker_gets_a_killed_line_and_rerun_adds_no_duplicates(ledger_path):
     killer = cfg(f"{WORKLOADS}:die_in", {"how": "sigkill"})
     good = cfg(micro_batch=2)
@@ -65,6 +67,7 @@ def test_sigkilled_worker_gets_a_killed_line_and_rerun_adds_no_duplicates(ledger
     assert not df.duplicated(["run_id", "phase"]).any()
 
 
+@pytest.mark.slow
 def test_hung_worker_times_out_and_the_next_config_runs(ledger_path):
     hang = cfg(f"{WORKLOADS}:die_in", {"how": "hang"})
     t0 = time.monotonic()
@@ -82,6 +85,7 @@ def test_exception_in_a_phase_is_an_error_line_with_its_last_line(ledger_path):
     assert "boom: simulated illegal memory access" in first.loc["eval", "detail"]
 
 
+@pytest.mark.slow
 def test_cap_below_need_gives_oom_lines_through_workers(ledger_path):
     res = run_grid([cfg(cap="tiny", cap_bytes=200_000), cfg(micro_batch=2, cap="1GiB", cap_bytes=2**30)],
                    ledger_path, progress=quiet)
@@ -89,6 +93,7 @@ def test_cap_below_need_gives_oom_lines_through_workers(ledger_path):
     assert (lines_of(ledger_path, res.run_ids[1])["verdict"] == "ok").all()
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_ledger_consistent_and_rerun_completes(tmp_path):
     ledger = str(tmp_path / "l.db")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -69,6 +69,7 @@ def pilot(llama, mode, params, phases=("setup", "first_step")):
     return out, p.trainer.model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["measured", "estimated"])
 def test_nf4_base_is_half_a_byte_per_quantized_parameter_and_lora_trains_the_same(llama, mode):
     out, model = pilot(llama, mode, {"lora": LORA, "quantize": "nf4"})

@@ -48,6 +48,7 @@ def campaign(**kw):
     return load_campaign_text(campaign_yaml(**kw), "test-campaign")
 
 
+@pytest.mark.slow
 def test_fixtures_put_each_field_on_the_phase_the_pilot_writes_it(real_ledger):
     """The factories' lines must look like the pilot's: a field the pilot never writes on a phase must not
     appear there in a fixture (a fixture once carried trainable_param_count on first_step, hiding bug 1)."""
@@ -77,6 +78,7 @@ def test_demo_ddp_counts_the_measured_gradients_and_is_not_recommended_when_slow
     assert "better rental" not in rec["strategy_why"] and int(rec["gpus_per_instance"]) == 1
 
 
+@pytest.mark.slow
 def test_checkpointing_never_raises_the_first_step_peak_of_a_conv_model(tmp_path):
     """User: a 1-D conv audio classifier at micro-batch 8 × 8000 samples: first_step 48.3 MiB with
     checkpointing off, 69.3 MiB on (FLOPs were counted beside the memory tracker)."""
@@ -118,6 +120,7 @@ def _unrelated(line: Line, kind: str, scale: int, run: int) -> Line:
 @given(st.lists(st.tuples(st.sampled_from(["workload", "params", "optimizer", "checkpointing", "failed",
                                            "estimated", "capped", "ranks"]), st.sampled_from([1, 8, 64])),
                 min_size=1, max_size=4))
+@pytest.mark.slow
 def test_unrelated_lines_never_change_the_plan(real_ledger, tmp_path_factory, extra):
     base = read_lines(real_ledger)
     lines = [Line(**{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items() if k != "seq"})
@@ -136,6 +139,7 @@ def test_unrelated_lines_never_change_the_plan(real_ledger, tmp_path_factory, ex
     assert before["run_ids"].iloc[0]  # the sheet names the runs it used
 
 
+@pytest.mark.slow
 def test_local_order_uses_the_campaign_shape_after_estimates_and_finds(real_ledger, tmp_path):
     """User: after `estimate` at micro-batch 1024 × 8000 and `probe --find`, `plan --offer local` wrote NaN
     update times into order.json for a campaign of effective batch 16 at seq 4000 (here 128)."""

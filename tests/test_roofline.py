@@ -74,6 +74,7 @@ def estimated(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_fp32_on_an_h100_is_planned_slower_than_bf16_by_about_their_peaks(estimated):
     from planner.ledger import read_lines
     from planner.planning import make_plan

@@ -63,6 +63,7 @@ def multi_node_catalog(tmp_path):
     ("azure-h100_nvl-1x-spot", {"accelerators": {"H100-NVL": 1}, "use_spot": True, "cloud": "Azure", "num_nodes": 1}),
     ("aws-h200_sxm-8x", {"accelerators": {"H200": 8}, "use_spot": False, "cloud": "AWS", "num_nodes": 1}),
 ])
+@pytest.mark.slow
 def test_sky_accepts_the_order(tmp_path, offer, want):
     order, path = planned(tmp_path, offer)
     task = sky_parse(path)
@@ -77,6 +78,7 @@ def test_sky_accepts_the_order(tmp_path, offer, want):
     assert "pip install -q 'torch==2.13.0'" in task["setup"]  # the pilot's torch, without +cpu
 
 
+@pytest.mark.slow
 def test_multi_node_offer_gives_num_nodes_region_and_torchrun(tmp_path):
     order, path = planned(tmp_path, "aws-h100-2node", multi_node_catalog(tmp_path))
     assert order["offer"]["nodes"] == 2 and order["offer"]["region"] == "us-east-1"

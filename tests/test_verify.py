@@ -27,6 +27,7 @@ def test_cuda_order_on_a_cpu_machine_is_not_adopted(tmp_path):
     assert "do not adopt" in r.output and "no CUDA device found" in r.output and "H100" in r.output
 
 
+@pytest.mark.slow
 def test_order_from_this_machines_cpu_pilot_is_adopted(tmp_path):
     runner = CliRunner()
     ledger = str(tmp_path / "l.db")
