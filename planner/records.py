@@ -40,7 +40,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "bf16-true", "16-true")
 PRECISION_ALIASES = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16", "16-mixed": "fp16", "16": "fp16",
                      "fp16-true": "16-true"}
 TRUE_PRECISIONS = {"bf16-true": "bf16", "16-true": "fp16"}  # the tensor dtype each one keeps everything in
-OPTIMIZERS = ("adamw", "sgd", "adamw8bit", "paged_adamw8bit", "adafactor")
+OPTIMIZERS = ("adamw", "adamw_fused", "sgd", "adamw8bit", "paged_adamw8bit", "adafactor")
 
 
 def canonical_precision(name: str) -> str:

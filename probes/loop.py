@@ -405,6 +405,8 @@ def make_optimizer(name: str, params: list, lr: float, fake: bool = False) -> to
     vector per matrix)."""
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=True)
+    if name == "adamw_fused":  # one kernel per group of tensors, without foreach's list-sized temporaries
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, foreach=True)
     if name == "adafactor":

@@ -45,6 +45,8 @@ def optimizer_name(optimizer) -> str:
     """The planner's optimizer names for the ones it sizes (adamw, sgd); otherwise the class name, lowercased."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate and Lightning wrap the torch optimizer
     name = type(inner).__name__.lower()
+    if name == "adamw" and inner.defaults.get("fused"):
+        return "adamw_fused"
     return {"adamw": "adamw", "adam": "adamw", "sgd": "sgd", "adamw8bit": "adamw8bit", "adam8bit": "adamw8bit",
             "pagedadamw8bit": "paged_adamw8bit", "adafactor": "adafactor"}.get(name, name)
 

@@ -80,3 +80,15 @@ def test_bf16_true_runs_fp32_where_there_is_no_bf16():
     precision, why = choose_precision(cat.gpu("v100_32gb"), "bf16-true")
     assert precision == "fp32" and "sm_80+" in why
     assert cat.gpu("h100_sxm").peak_tflops("bf16-true") == cat.gpu("h100_sxm").peak_tflops("bf16")
+
+
+def test_fused_adamw_has_no_parameter_sized_temporary_that_foreach_has():
+    """AdamW as CUDA runs it: foreach (torch's default) keeps a list of parameter-sized temporaries (the moments'
+    square roots) during the step; fused does the update in one kernel per group without them."""
+    setup, foreach = first_step(optimizer="adamw")
+    _, fused = first_step(optimizer="adamw_fused")
+    extra = foreach["peak_allocated_bytes"] - fused["peak_allocated_bytes"]
+    assert extra == pytest.approx(setup["param_bytes"], rel=0.05)
+    assert fused["optimizer_state_bytes"] == foreach["optimizer_state_bytes"]
+    estimated = first_step(optimizer="adamw_fused", mode="estimated")[1]
+    assert estimated["peak_allocated_bytes"] == fused["peak_allocated_bytes"]
