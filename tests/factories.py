@@ -79,3 +79,13 @@ def standard_ledger(path, scale: int = 1) -> str:
         peak = scale * (100 * MiB + mb * seq * 50_000)
         lines += pilot_lines(config(micro_batch=mb, seq_len=seq, eval_seq_len=seq, eval_micro_batch=mb), peak)
     return write_ledger(path, lines)
+
+
+def tiny_llama(path, width: int = 64, vocab: int = 256):
+    """A Llama config.json of two layers (4 heads, 2 KV heads) for hf: workloads; nothing downloaded."""
+    import transformers
+
+    transformers.LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
+                             max_position_embeddings=512, architectures=["LlamaForCausalLM"]).save_pretrained(path)
+    return path

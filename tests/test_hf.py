@@ -12,6 +12,7 @@ from planner.records import PHASES, ProbeConfig
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
+from tests.factories import tiny_llama  # noqa: E402
 from probes.pilot import TRAIN_WORKER_PHASES, Pilot  # noqa: E402
 
 LORA = "r=8,alpha=16,targets=q_proj+v_proj"
@@ -19,11 +20,7 @@ LORA = "r=8,alpha=16,targets=q_proj+v_proj"
 
 @pytest.fixture
 def llama(tmp_path):
-    path = tmp_path / "llama"
-    transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=256, max_position_embeddings=512,
-                             architectures=["LlamaForCausalLM"]).save_pretrained(path)
-    return path
+    return tiny_llama(tmp_path / "llama")
 
 
 def pilot(tmp_path, ref, params, phases=TRAIN_WORKER_PHASES, **kw):

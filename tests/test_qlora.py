@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 bnb = pytest.importorskip("bitsandbytes")
 from probes.memory import LiveTensorTracker  # noqa: E402
+from tests.factories import tiny_llama  # noqa: E402
 from probes.pilot import Pilot  # noqa: E402
 from probes.quantize import _fake_layer, _real_layer, quantized_bytes  # noqa: E402
 
@@ -25,11 +26,7 @@ LORA = "r=8,alpha=16,targets=q_proj+v_proj"
 
 @pytest.fixture
 def llama(tmp_path):
-    path = tmp_path / "llama"
-    transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=512, max_position_embeddings=512,
-                             architectures=["LlamaForCausalLM"]).save_pretrained(path)
-    return path
+    return tiny_llama(tmp_path / "llama", width=256, vocab=512)  # wide enough for several absmax blocks
 
 
 def layer_memory(kind, fake):
