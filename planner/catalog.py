@@ -92,6 +92,12 @@ class Offer:
     unverified: tuple[str, ...] = ()
 
     @property
+    def region(self) -> str | None:
+        """The region an imported offer names (catalog import keeps it in the note as "region X")."""
+        note = self.note or ""
+        return note[len("region "):] if note.startswith("region ") else None
+
+    @property
     def price_per_gpu_hour_usd(self) -> float:
         return self.price_per_instance_hour_usd / self.gpus_per_instance
 

@@ -305,8 +305,8 @@ def probe_script(path, argv, ledger_path, timeout_s, fmt, opts) -> None:
         raise InputError(f"{names}: with --script, the script sets these itself; only -w (the workload name), "
                          "--steady-updates, --eval-seq-len and --cap apply.")
     from planner.ledger import new_id
-    from probes.runner import call_in_worker
-    from probes.script import run_script
+    from probes.runner import WorkerLost, call_in_worker
+    from probes.script import run_script, write_verdict_line
 
     workload = opts.get("workload") or f"script:{Path(path).stem}"
     if not re.fullmatch(r"script:[A-Za-z0-9._-]+", workload):
@@ -318,17 +318,16 @@ def probe_script(path, argv, ledger_path, timeout_s, fmt, opts) -> None:
     run_id = new_id("r")
     Ledger(ledger_path).close()  # a bad ledger path fails here, before the script runs
     progress(f"probe --script {path}: run {run_id} as {workload}; ledger {ledger_path}")
-    error = None
+    error, lost = None, False
     try:
         call_in_worker(run_script, (str(path), argv, str(ledger_path), workload, run_id, steady, eval_seq,
                                     cap_bytes, cap_label), timeout_s)
-    except RuntimeError as e:
+    except WorkerLost as e:  # nothing in the worker could write the phase it was in: written here
+        error, lost = str(e), True
+    except RuntimeError as e:  # the worker wrote the failing phase's line itself
         error = str(e)
-    df = read_lines(ledger_path)
-    mine = df[df["run_id"] == run_id]
-    if error and ("timed out" in error or "worker died" in error):
-        from probes.script import write_verdict_line
-
+    mine = read_lines(ledger_path).query("run_id == @run_id")
+    if lost:
         write_verdict_line(ledger_path, mine, run_id, workload, "timeout" if "timed out" in error else "killed",
                            error)
         mine = read_lines(ledger_path).query("run_id == @run_id")

@@ -17,6 +17,7 @@ from planner.campaign import Campaign
 from planner.select import NO_FIT
 
 EPS = 1e-9
+PER_OFFER = 15  # offers in the budget review's table
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,9 @@ def budget_review(sheet: pd.DataFrame, plans: pd.DataFrame, campaign: Campaign) 
                              "variants_out": p["variants_out"], "cost_usd_high": p["cost_usd_high"],
                              "idle_hours": p["idle_hours"]})
     fitting = sheet[sheet["verdict"] != NO_FIT]
-    per_offer = fitting[["offer", "gpu", "provider", "campaign_hours_high", "campaign_cost_usd_low",
-                         "campaign_cost_usd_high"]].to_dict(orient="records")
+    # The cheapest that fit, in the sheet's order (the selection sheet itself lists every offer's cost).
+    per_offer = fitting.head(PER_OFFER)[["offer", "gpu", "provider", "campaign_hours_high", "campaign_cost_usd_low",
+                                         "campaign_cost_usd_high"]].to_dict(orient="records")
     cap = campaign.budget_usd
     verdict = None
     if cap is not None and rec is not None:
@@ -126,4 +128,4 @@ def budget_review(sheet: pd.DataFrame, plans: pd.DataFrame, campaign: Campaign) 
                    "offers_within_cap": int(len(under)),
                    "margin_usd": cap - total}
     return {"recommended": None if rec is None else rec["offer"], "per_variant": per_variant,
-            "per_plan": per_plan, "per_offer": per_offer, "budget": verdict}
+            "per_plan": per_plan, "per_offer": per_offer, "offers_that_fit": int(len(fitting)), "budget": verdict}

@@ -262,7 +262,7 @@ def budget_context(budget: dict) -> dict:
                       "idle": f"{p['idle_hours']:.1f}"} for p in budget["per_plan"]],
         "per_offer": [{"offer": o["offer"], "gpu": o["gpu"], "hours": _num(o["campaign_hours_high"]),
                        "cost": _range(o["campaign_cost_usd_low"], o["campaign_cost_usd_high"], _usd)}
-                      for o in budget["per_offer"][:15]],
+                      for o in budget["per_offer"]],
         "cap": None if not budget["budget"] else {
             "cap": _usd(budget["budget"]["cap_usd"]), "cost": _usd(budget["budget"]["recommended_cost_usd_high"]),
             "within": budget["budget"]["within"], "margin": _usd(abs(budget["budget"]["margin_usd"])),
@@ -276,14 +276,13 @@ def order_document(campaign: Campaign, rec: pd.Series, lines: pd.DataFrame, cata
     gpu = catalog.gpu(rec["gpu"])
     stack = stack_for(rec, lines)
     offer = next((o for o in catalog.offers if o.id == rec["offer"]), None)
-    region = offer.note[len("region "):] if offer and (offer.note or "").startswith("region ") else None
     return {
         "format": "rentplan-order/1",
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "campaign": campaign.name,
         "offer": {"id": rec["offer"], "provider": rec["provider"], "instance": rec["instance"],
                   "gpus_per_instance": int(rec["gpus_per_instance"]), "nodes": int(rec["nodes"]),
-                  "spot": bool(rec["spot"]), "region": region,
+                  "spot": bool(rec["spot"]), "region": offer.region if offer else None,
                   "network": rec["network"],
                   "price_per_instance_hour_usd": float(rec["price_per_instance_hour_usd"]),
                   "price_per_hour_usd": float(rec["price_per_hour_usd"]),

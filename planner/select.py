@@ -205,34 +205,12 @@ def recommended_index(sheet: pd.DataFrame):
     return None
 
 
-def offer_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams: Families, seq: int,
-              headroom: float, observed: dict | None = None) -> dict:
-    """One offer's row of the selection sheet."""
-    return priced_row(sized_row(campaign, catalog, gpu, offer, fams, seq, headroom, observed), offer, gpu)
-
-
-PRICED = ("offer", "provider", "instance", "spot", "price_per_instance_hour_usd", "price_per_hour_usd",
-          "price_per_gpu_hour_usd", "billing_minimum_hours", "as_of", "price_source", "unverified",
-          "campaign_cost_usd_low", "campaign_cost_usd_high")
-
-
-def priced_row(sized: dict, offer: Offer, gpu: Gpu) -> dict:
-    """A sized row (what the offer's shape holds and how long the campaign takes) with this offer's price."""
-    price = offer.price_per_hour_usd
-    lo, hi = sized["campaign_hours_low"], sized["campaign_hours_high"]
-    row = {
-        "offer": offer.id, "gpu": sized["gpu"], "provider": offer.provider, "instance": offer.instance,
-        "gpus_per_instance": sized["gpus_per_instance"], "nodes": sized["nodes"], "network": sized["network"],
-        "spot": offer.spot, "price_per_instance_hour_usd": offer.price_per_instance_hour_usd,
-        "price_per_hour_usd": price, "price_per_gpu_hour_usd": round(offer.price_per_gpu_hour_usd, 4),
-        "billing_minimum_hours": offer.billing_minimum_hours,
-        **{k: v for k, v in sized.items() if k not in PRICED},
-        "as_of": offer.as_of, "price_source": offer.source,
-        "unverified": "; ".join(list(gpu.unverified) + list(offer.unverified)),
-        "campaign_cost_usd_low": None if lo is None else price * max(lo, offer.billing_minimum_hours),
-        "campaign_cost_usd_high": None if hi is None else price * max(hi, offer.billing_minimum_hours),
-    }
-    return row
+# The price's columns, in sheet order: filled per offer by priced_sheet, never by sizing.
+OFFER_COLUMNS = ("offer", "gpu", "provider", "instance", "gpus_per_instance", "nodes", "network", "spot",
+                 "price_per_instance_hour_usd", "price_per_hour_usd", "price_per_gpu_hour_usd",
+                 "billing_minimum_hours")
+SOURCE_COLUMNS = ("as_of", "price_source", "unverified")
+COST_COLUMNS = ("campaign_cost_usd_low", "campaign_cost_usd_high")
 
 
 def _shape(o: Offer) -> str:
@@ -242,15 +220,14 @@ def _shape(o: Offer) -> str:
 def priced_sheet(offers: list[Offer], catalog: Catalog, size) -> pd.DataFrame:
     """Every offer's row: sized once per shape (GPU, GPUs per instance, nodes, network; offers of one shape differ
     only in price), then joined to the offers' prices as columns, so a 20,000-offer catalog costs little more
-    than the shapes it holds. Same rows as offer_row gives one by one."""
+    than the shapes it holds. Cost = price × max(campaign hours, the offer's billing minimum)."""
     sized: dict[str, dict] = {}
     for o in offers:
         key = _shape(o)
         if key not in sized:
             sized[key] = size(o)
-    order = list(priced_row(sized[_shape(offers[0])], offers[0], catalog.gpu(offers[0].gpu)))
     prices = pd.DataFrame({
-        "offer": [o.id for o in offers], "provider": [o.provider for o in offers],
+        "offer": [o.id for o in offers], "gpu": [o.gpu for o in offers], "provider": [o.provider for o in offers],
         "instance": [o.instance for o in offers], "spot": [o.spot for o in offers],
         "price_per_instance_hour_usd": [o.price_per_instance_hour_usd for o in offers],
         "price_per_hour_usd": [o.price_per_hour_usd for o in offers],
@@ -259,21 +236,22 @@ def priced_sheet(offers: list[Offer], catalog: Catalog, size) -> pd.DataFrame:
         "as_of": [o.as_of for o in offers], "price_source": [o.source for o in offers],
         "unverified": ["; ".join(list(catalog.gpu(o.gpu).unverified) + list(o.unverified)) for o in offers],
         "_shape": [_shape(o) for o in offers]})
-    shapes = pd.DataFrame([{k: v for k, v in row.items() if k not in PRICED} | {"_shape": key}
-                           for key, row in sized.items()])
+    shapes = pd.DataFrame([{**row, "_shape": key} for key, row in sized.items()]).drop(columns="gpu")
     df = prices.merge(shapes, on="_shape", how="left", sort=False)
     price, minimum = df["price_per_hour_usd"].astype(float), df["billing_minimum_hours"].astype(float)
     for end in ("low", "high"):
         hours = pd.to_numeric(df[f"campaign_hours_{end}"], errors="coerce")
         cost = price * hours.where(hours > minimum, minimum)
         df[f"campaign_cost_usd_{end}"] = cost.where(hours.notna())
-    return df[order]
+    first = [c for c in OFFER_COLUMNS if c in df]
+    rest = [c for c in shapes.columns if c not in first and c != "_shape"]
+    return df[first + rest + list(SOURCE_COLUMNS) + list(COST_COLUMNS)]
 
 
 def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams: Families, seq: int,
               headroom: float, observed: dict | None = None) -> dict:
     """What an offer's shape (GPU, count, nodes, network) holds and how long the campaign takes on it: every
-    field of the row but the price's (offer is any offer of that shape)."""
+    field of the row but the price's (offer is any offer of that shape; priced_sheet adds the prices)."""
     precision, why = choose_precision(gpu, campaign.precision)
     fam = fams.get(precision, kernel_target(gpu.compute_capability, gpu.software))
     ctx = catalog.context_bytes + outside_bytes(fam, gpu)
@@ -286,13 +264,8 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     ctx = plan["context"]
     notes = [n for n in (fam.note, why, *plan["notes"]) if n]
     row = {
-        "offer": offer.id, "gpu": gpu.id, "provider": offer.provider, "instance": offer.instance,
-        "gpus_per_instance": offer.gpus_per_instance, "nodes": offer.nodes, "network": offer.network,
-        "spot": offer.spot, "price_per_instance_hour_usd": offer.price_per_instance_hour_usd,
-        "price_per_hour_usd": offer.price_per_hour_usd,
-        "price_per_gpu_hour_usd": round(offer.price_per_gpu_hour_usd, 4),
-        "billing_minimum_hours": offer.billing_minimum_hours,
-        "usable_bytes": gpu.usable_bytes, "need_bytes": int(need.bytes), "need_phase": need.phase,
+        "gpu": gpu.id, "gpus_per_instance": offer.gpus_per_instance, "nodes": offer.nodes,
+        "network": offer.network, "usable_bytes": gpu.usable_bytes, "need_bytes": int(need.bytes), "need_phase": need.phase,
         "need_basis": need.basis, "need_extrapolated": need.extrapolated, "context_bytes": ctx,
         "context_basis": context_basis(catalog, fam, gpu, replicas),
         "headroom_pct": round(100 * (gpu.usable_bytes - need.bytes - ctx) / gpu.usable_bytes, 1),
@@ -304,13 +277,11 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "idle_gpus": offer.gpus_per_instance * offer.nodes - replicas,
         "evidence": fam.evidence.describe(), "run_ids": ", ".join(fam.evidence.run_ids),
         "min_cuda": gpu.min_cuda, "software": gpu.software, "compute_capability": gpu.compute_capability,
-        "as_of": offer.as_of, "price_source": offer.source,
-        "unverified": "; ".join(list(gpu.unverified) + list(offer.unverified)),
         "notes": "; ".join(notes),
     }
     row.update(time_fields(campaign, catalog, gpu, offer, fam, precision, mb, seq, accum, replicas, plan["kind"]))
     if observed and replicas == 1:
-        row.update(observed_fields(campaign, offer, observed))
+        row.update(observed_fields(campaign, observed))
     return row
 
 
@@ -420,20 +391,18 @@ def _time(fam: Family, gpu: Gpu, precision: str, plan: dict, seq: int, catalog: 
     return None if math.isnan(t.high_s) else t
 
 
-def observed_fields(campaign: Campaign, offer: Offer, obs: dict) -> dict:
+def observed_fields(campaign: Campaign, obs: dict) -> dict:
     """A campaign already ran on this GPU: its observed times replace the predictions (and say so)."""
     t = obs["update_s"]
     ev = obs["eval_pass_s"] if obs["eval_pass_s"] is not None else 0.0
     ex = obs["export_s"] if obs["export_s"] is not None else 0.0
     per_variant = (campaign.updates * t + campaign.eval.passes(campaign.updates) * ev + ex) / 3600
     hours = campaign.setup_hours + len(campaign.variants) * per_variant
-    price = offer.price_per_hour_usd
-    cost = price * max(hours, offer.billing_minimum_hours)
     return {"update_s_low": t, "update_s_point": t, "update_s_high": t, "eval_pass_s_low": ev, "eval_pass_s_high": ev,
             "export_s": ex,
             "time_basis": f"observed in this campaign's runs on {obs['device']} (median of {obs['updates']} updates)",
             "variant_hours_low": per_variant, "variant_hours_high": per_variant, "campaign_hours_low": hours,
-            "campaign_hours_high": hours, "campaign_cost_usd_low": cost, "campaign_cost_usd_high": cost}
+            "campaign_hours_high": hours}
 
 
 def model_state_bytes(fam: Family, fragmentation: float) -> float:
@@ -482,8 +451,7 @@ def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, 
     empty = {"update_s_low": None, "update_s_point": None, "update_s_high": None, "eval_pass_s_low": None,
              "eval_pass_s_high": None,
              "export_s": None, "time_basis": "no steady line to time from", "variant_hours_low": None,
-             "variant_hours_high": None, "campaign_hours_low": None, "campaign_hours_high": None,
-             "campaign_cost_usd_low": None, "campaign_cost_usd_high": None}
+             "variant_hours_high": None, "campaign_hours_low": None, "campaign_hours_high": None}
     if tp is None:
         return empty
     t = update_time(tp, gpu, precision, mb, seq, accum, replicas, catalog, strategy, offer)
@@ -500,15 +468,12 @@ def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, 
     var_hi = (campaign.updates * t.high_s + passes * t.high_s * eval_ratio + export_s) / 3600
     n = len(campaign.variants)
     hours_lo, hours_hi = campaign.setup_hours + n * var_lo, campaign.setup_hours + n * var_hi
-    price = offer.price_per_hour_usd
     return {
         "update_s_low": t.low_s, "update_s_point": t.point_s, "update_s_high": t.high_s,
         "eval_pass_s_low": t.low_s * eval_ratio, "eval_pass_s_high": t.high_s * eval_ratio, "export_s": export_s,
         "time_basis": f"{t.basis}; {export_basis}",
         "variant_hours_low": var_lo, "variant_hours_high": var_hi,
         "campaign_hours_low": hours_lo, "campaign_hours_high": hours_hi,
-        "campaign_cost_usd_low": price * max(hours_lo, offer.billing_minimum_hours),
-        "campaign_cost_usd_high": price * max(hours_hi, offer.billing_minimum_hours),
     }
 
 

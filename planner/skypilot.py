@@ -38,13 +38,6 @@ def disk_gb(checkpoint_bytes: int | None, export_bytes: int | None) -> int:
     return max(MIN_DISK_GB, MIN_DISK_GB + math.ceil(need / GiB))
 
 
-def region_of(offer: dict) -> str | None:
-    if offer.get("region"):
-        return str(offer["region"])
-    match = re.fullmatch(r"region (\S+)", str(offer.get("note") or ""))  # catalog import keeps it in the note
-    return match.group(1) if match else None
-
-
 def strategy_kind(order: dict) -> str:
     """single | ddp | fsdp, from the order's strategy label (e.g. "ddp × 8")."""
     return str(order["settings"]["strategy"]).split()[0]
@@ -74,9 +67,8 @@ def sky_task(order: dict, order_path: str, spec_path: str, torch_pin: str, check
     cloud = CLOUDS.get(str(offer.get("provider", "")).lower())
     if cloud:
         resources["cloud"] = cloud
-        region = region_of(offer)
-        if region:
-            resources["region"] = region
+        if offer.get("region"):
+            resources["region"] = str(offer["region"])
     task: dict = {"name": "rentplan-" + re.sub(r"[^a-z0-9-]+", "-", order["campaign"].lower()).strip("-"),
                   "resources": resources}
     if int(offer.get("nodes", 1)) > 1:

@@ -19,6 +19,7 @@ import functools
 import inspect
 import os
 
+from planner.records import canonical_precision
 from probes.observe import DEFAULT_STEADY_UPDATES, PhaseRecorder, batch_shape, optimizer_name
 
 try:  # the base classes only matter where those libraries are installed
@@ -34,17 +35,6 @@ except ImportError:  # pragma: no cover
         _LBase = object
 
 HF_PRECISION = {(False, False): "fp32", (True, False): "bf16", (False, True): "fp16"}
-LIGHTNING_PRECISION = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16", "16-mixed": "fp16"}
-
-
-def _hf_optimizer(name) -> str:
-    """TrainingArguments.optim -> rentplan's optimizer names (others kept as the trainer spells them)."""
-    text = str(getattr(name, "value", name)).lower()
-    if "8bit" in text and "adamw" in text:
-        return "paged_adamw8bit" if "paged" in text else "adamw8bit"
-    if text.startswith("adamw"):
-        return "adamw"
-    return {"sgd": "sgd", "adafactor": "adafactor"}.get(text, text)
 
 
 def _wrap(obj, name: str, around) -> None:
@@ -105,7 +95,8 @@ class HFTrainerCallback(_HFBase):
                   micro_batch=args.per_device_train_batch_size, eval_micro_batch=args.per_device_eval_batch_size,
                   grad_accum=args.gradient_accumulation_steps, precision=HF_PRECISION[(bool(args.bf16), bool(args.fp16))],
                   checkpointing=bool(args.gradient_checkpointing or getattr(model, "is_gradient_checkpointing", False)),
-                  optimizer=_hf_optimizer(args.optim), lr=float(args.learning_rate),
+                  optimizer=optimizer_name(optimizer) if optimizer is not None else str(args.optim),
+                  lr=float(args.learning_rate),
                   world_size=int(args.world_size), strategy=_hf_strategy(args))
         if trainer is not None:
             self._guard(trainer)
@@ -222,11 +213,10 @@ class LightningCallback(_LBase):
             rec.workload = f"lightning:{type(pl_module).__module__}.{type(pl_module).__qualname__}"
         pl_module.register_forward_pre_hook(_shape_hook(rec), with_kwargs=True)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        precision = str(trainer.precision)
         lr = optimizer.param_groups[0]["lr"] if optimizer is not None else 0.0
         rec.begin(pl_module, pl_module.device,
                   planned_updates=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
-                  grad_accum=int(trainer.accumulate_grad_batches), precision=LIGHTNING_PRECISION.get(precision, precision),
+                  grad_accum=int(trainer.accumulate_grad_batches), precision=canonical_precision(str(trainer.precision)),
                   checkpointing=self.checkpointing, optimizer=optimizer_name(optimizer) if optimizer else "none",
                   lr=float(lr), world_size=int(trainer.world_size),
                   strategy="single" if trainer.world_size <= 1 else type(trainer.strategy).__name__.lower()

@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -197,7 +198,7 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
         inputs = snapshot_inputs(campaign, cfg, run_dir)
     else:
         progress = _quiet
-    with (Ledger(ledger_path) if rank == 0 else _NoLedger()) as led:
+    with (Ledger(ledger_path) if rank == 0 else _OtherRank(rank, run_id)) as led:
         led.add("campaign_runs", {"run_id": run_id, "campaign": campaign.name, "variant": variant.id, "seed": seed,
                                   "lr": variant.lr, "config_json": json.dumps({
                                       "campaign": campaign.source, "config": dataclasses.asdict(cfg),
@@ -299,8 +300,13 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
             return run_id, "error"
 
 
-class _NoLedger:
-    """Ranks other than 0 write nothing: rank 0 writes the run's lines."""
+class _OtherRank:
+    """Ranks other than 0 write no ledger (rank 0 writes the run's rows, and on several nodes only its disk has
+    the ledger). What only this rank saw go wrong (an error such as an OOM, a non-finite loss) goes to stderr,
+    which torchrun shows: the other ranks then stop at their next collective, and rank 0's row says so."""
+
+    def __init__(self, rank: int, run_id: str):
+        self.rank, self.run_id = rank, run_id
 
     def __enter__(self):
         return self
@@ -309,7 +315,9 @@ class _NoLedger:
         return False
 
     def add(self, table: str, row: dict) -> None:
-        pass
+        if table == "campaign_events" and row.get("event") in ("error", "diverged", "interrupted"):
+            print(f"rank {self.rank}: run {self.run_id}: {row['event']} at update {row.get('update_no')}: "
+                  f"{row.get('detail', '')}", file=sys.stderr, flush=True)
 
 
 def _quiet(*args, **kwargs) -> None:

@@ -428,22 +428,30 @@ def make_optimizer(name: str, params: list, lr: float, fake: bool = False) -> to
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def remake_real_tensors(model: torch.nn.Module) -> torch.nn.Module:
-    """Estimates: parameters and buffers made outside the fake mode become fresh tensors under it (counted)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
+def remake_tensors(model: torch.nn.Module, skip=lambda t: False, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """Estimates: every parameter and buffer (but those `skip` names) becomes a fresh tensor under the active
+    modes (a fake tensor the tracker counts), floating ones in `dtype` when given. Tied parameters stay tied:
+    one new tensor per distinct tensor."""
     made: dict[int, torch.Tensor] = {}
     for module in model.modules():
         for table in (module._parameters, module._buffers):
             for name, t in table.items():
-                if t is None or isinstance(t, FakeTensor) or t.device.type == "meta":
+                if t is None or skip(t):
                     continue
                 if id(t) not in made:
-                    new = torch.empty_like(t, device="cpu")
+                    as_dtype = dtype if dtype is not None and t.is_floating_point() else t.dtype
+                    new = torch.empty_like(t, device="cpu", dtype=as_dtype)
                     made[id(t)] = (torch.nn.Parameter(new, requires_grad=t.requires_grad)
                                    if isinstance(t, torch.nn.Parameter) else new)
                 table[name] = made[id(t)]
     return model
+
+
+def remake_real_tensors(model: torch.nn.Module) -> torch.nn.Module:
+    """Estimates: parameters and buffers made outside the fake mode (peft's adapter) become fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return remake_tensors(model, skip=lambda t: isinstance(t, FakeTensor) or t.device.type == "meta")
 
 
 def build_without_weights(workload, dtype: torch.dtype | None = None) -> torch.nn.Module:
@@ -457,18 +465,7 @@ def build_without_weights(workload, dtype: torch.dtype | None = None) -> torch.n
     with _disable_current_modes(), torch.device("cpu"), _parameters_on_meta(), _MetaValuesAreZero():
         model = workload.build_model()
     keep = workload.weights_left_on_meta(model) if hasattr(workload, "weights_left_on_meta") else set()
-    made: dict[int, torch.Tensor] = {}
-    for module in model.modules():
-        for table in (module._parameters, module._buffers):
-            for name, t in table.items():
-                if t is None or id(t) in keep:
-                    continue
-                if id(t) not in made:
-                    as_dtype = dtype if dtype is not None and t.is_floating_point() else t.dtype
-                    new = torch.empty_like(t, device="cpu", dtype=as_dtype)
-                    made[id(t)] = (torch.nn.Parameter(new, requires_grad=t.requires_grad)
-                                   if isinstance(t, torch.nn.Parameter) else new)
-                table[name] = made[id(t)]
+    remake_tensors(model, skip=lambda t: id(t) in keep, dtype=dtype)
     return model
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import statistics
 import time
@@ -35,6 +36,7 @@ import torch
 from planner.ledger import Ledger, new_id
 from planner.records import Line, ProbeConfig, Verdict
 from probes.census import OpCensus, census_fields
+from probes.loop import _dir_size
 from probes.memory import LiveTensorTracker, PhaseMeter
 from probes.pilot import cuda_allocator_model, environment, is_oom, last_line
 
@@ -67,11 +69,10 @@ def batch_shape(args, kwargs) -> tuple[int, int] | None:
 
 
 def folder_bytes(path: str) -> int | None:
+    """Bytes of a saved file or folder; None when nothing is there."""
     if os.path.isfile(path):
         return os.path.getsize(path)
-    if not os.path.isdir(path):
-        return None
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+    return _dir_size(path) if os.path.isdir(path) else None
 
 
 class PhaseRecorder:
@@ -99,13 +100,10 @@ class PhaseRecorder:
         self._census: OpCensus | None = None
         self._census_profile: dict = {}
         self._setup: dict = {}
-        self._first: dict = {}
         self._steady: list[dict] = []  # one reading per steady update
         self._loss_first: float | None = None
-        self._last_loss = None
         self.train_shape: tuple[int, int] | None = None
         self.eval_shape: tuple[int, int] | None = None
-        self._t0 = time.perf_counter()
         self._started = self._now()
 
     # --- the loop's events ---------------------------------------------------------------------------------
@@ -176,9 +174,7 @@ class PhaseRecorder:
             self._census_profile = {self._census_key(): {
                 **self._census.profile(), "float32_matmul_precision": torch.get_float32_matmul_precision()}}
             self._census = None
-            self.mark()
-            return
-        if value is not None and not (value == value and abs(value) != float("inf")):
+        if value is not None and not math.isfinite(value):  # judged on every update, the census one included
             phase = "first_step" if self.updates == 1 else "steady"
             self._fix_config()
             if "setup" not in self.written:
@@ -192,9 +188,10 @@ class PhaseRecorder:
             self._loss_first = value
             self._fix_config()
             self._write("setup", self._setup)
-            self._first = {**reading, "loss_first": value, "loss_last": value}
-            self._first["optimizer_state_bytes"] = self.config.get("_optimizer_state_bytes")
-            self._write("first_step", self._first)
+            self._write("first_step", {**reading, "loss_first": value, "loss_last": value,
+                                       "optimizer_state_bytes": self.config.get("_optimizer_state_bytes")})
+        elif self.updates == self.census_update:
+            pass  # its time and memory rode beside the census: in no line
         elif "steady" not in self.written:
             self._steady.append({**reading, "loss": value})
             if len(self._steady) >= self.steady_updates:

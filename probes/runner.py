@@ -124,6 +124,10 @@ def _call_main(fn, args, conn) -> None:
         conn.close()
 
 
+class WorkerLost(RuntimeError):
+    """The worker timed out or died without a result (a failure inside it is a plain RuntimeError)."""
+
+
 def call_in_worker(fn, args: tuple, timeout_s: float = DEFAULT_TIMEOUT_S, env: dict | None = None):
     """Run fn(*args) in a fresh forkserver worker and return its result; failures raise RuntimeError.
     With env, the worker is a newly spawned interpreter started with those environment variables (forked
@@ -138,12 +142,12 @@ def call_in_worker(fn, args: tuple, timeout_s: float = DEFAULT_TIMEOUT_S, env: d
     try:
         if not parent.poll(timeout_s):
             timed_out = True
-            raise RuntimeError(f"worker timed out after {timeout_s:.0f} s")
+            raise WorkerLost(f"worker timed out after {timeout_s:.0f} s")
         try:
             kind, payload = pickle.loads(parent.recv_bytes())
         except EOFError:
             proc.join(5)
-            raise RuntimeError(f"worker died (exit code {proc.exitcode})") from None
+            raise WorkerLost(f"worker died (exit code {proc.exitcode})") from None
         if kind == "error":
             raise RuntimeError(payload)
         return payload

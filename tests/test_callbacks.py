@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 SPEC = """name: tiny-trainer
 workload: {workload}
 precision: fp32
-optimizer: adamw
+optimizer: {optimizer}
 seq_len: 32
 effective_batch: 8
 updates: 1000
@@ -60,9 +60,9 @@ def hf_train(tmp_path, monkeypatch, evaluate=True, export=True, **callback):
     return read_lines(tmp_path / "l.db"), model
 
 
-def plan_ok(tmp_path, workload):
+def plan_ok(tmp_path, workload, optimizer="adamw"):
     spec = tmp_path / "c.yaml"
-    spec.write_text(SPEC.format(workload=workload))
+    spec.write_text(SPEC.format(workload=workload, optimizer=optimizer))
     r = CliRunner().invoke(cli, ["plan", "--campaign", str(spec), "--ledger", str(tmp_path / "l.db"),
                                  "--format", "json"])
     assert r.exit_code == 0, r.output
@@ -83,8 +83,9 @@ def test_hf_trainer_run_gives_phase_lines_that_plan_uses(tmp_path, monkeypatch):
     assert lines["run_id"].nunique() == 1
     # The configuration read from the trainer and from what the model was called with.
     first = by.loc["first_step"]
+    # The optimizer is named from the object the trainer built: transformers 5 defaults to torch's fused AdamW.
     assert (first["micro_batch"], first["seq_len"], first["grad_accum"], first["precision"], first["optimizer"]) == (
-        4, 32, 2, "fp32", "adamw")
+        4, 32, 2, "fp32", "adamw_fused")
     assert by.loc["eval", "eval_seq_len"] == 48  # the longest eval example
     # AdamW keeps two fp32 moments per trainable parameter (and a step scalar per tensor).
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -96,7 +97,7 @@ def test_hf_trainer_run_gives_phase_lines_that_plan_uses(tmp_path, monkeypatch):
     assert 4.5 < first["loss_first"] < 6.5 and by.loc["eval", "loss_last"] > 0
     facts = run_facts(lines)
     assert bool(facts["complete"].iloc[0]), "setup, first_step, steady and eval make a callback run complete"
-    out = plan_ok(tmp_path, "trainer:tiny-gpt2")
+    out = plan_ok(tmp_path, "trainer:tiny-gpt2", "adamw_fused")
     assert out["selection"] and out["order"]["plan"]["run_ids"] == lines["run_id"].iloc[0]
 
 

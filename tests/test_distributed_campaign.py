@@ -71,3 +71,15 @@ def test_campaign_under_torchrun_writes_once_and_learns_as_one_process(tmp_path,
     r = CliRunner().invoke(cli, ["campaign", "finish", runs[0][0], "--ledger", str(folder / "l.db"),
                                  "--out", str(folder / "runs")])
     assert r.exit_code == 0 and "reproduces the control outputs" in r.output
+
+
+def test_what_only_another_rank_saw_go_wrong_is_not_lost(capsys):
+    """Ranks other than 0 write no ledger rows; their errors (an OOM on rank 1) go to stderr, which torchrun shows."""
+    from probes.campaign import _OtherRank
+
+    other = _OtherRank(1, "c-123")
+    other.add("campaign_metrics", {"run_id": "c-123", "update_no": 3, "kind": "train", "loss": 2.0})
+    other.add("campaign_events", {"run_id": "c-123", "event": "error", "update_no": 3,
+                                  "detail": "OutOfMemoryError: CUDA out of memory"})
+    err = capsys.readouterr().err
+    assert err == "rank 1: run c-123: error at update 3: OutOfMemoryError: CUDA out of memory\n"

@@ -134,14 +134,14 @@ def test_fsdp_is_chosen_when_model_states_do_not_fit_one_gpu(tmp_path):
 
 
 def test_sheet_sized_per_shape_equals_offer_by_offer(tmp_path):
-    """select() sizes each (GPU, count, nodes, network) once and joins prices as columns: the rows must be
-    exactly those offer_row gives offer by offer."""
+    """select() sizes each (GPU, count, nodes, network) once and joins prices as columns: every offer's row must
+    be what sizing that very offer gives, priced as price × max(campaign hours, its billing minimum)."""
     import math
 
     from planner.campaign import load_campaign_text
     from planner.catalog import load_catalog
     from planner.ledger import read_lines
-    from planner.select import Families, family_lines, offer_row, select
+    from planner.select import Families, family_lines, select, sized_row
     from tests.factories import campaign_yaml, standard_ledger
 
     lines = read_lines(standard_ledger(tmp_path / "l.db"))
@@ -150,11 +150,15 @@ def test_sheet_sized_per_shape_equals_offer_by_offer(tmp_path):
     fams = Families(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
     sheet = select(campaign, lines, catalog, fams=fams).set_index("offer")
     for o in catalog.offers:
-        want = offer_row(campaign, catalog, catalog.gpu(o.gpu), o, fams, fams.seq, 0.10)
         got = sheet.loc[o.id]
+        want = sized_row(campaign, catalog, catalog.gpu(o.gpu), o, fams, fams.seq, 0.10)
+        want.update(price_per_hour_usd=o.price_per_hour_usd, billing_minimum_hours=o.billing_minimum_hours,
+                    spot=o.spot, provider=o.provider, as_of=o.as_of, price_source=o.source)
+        for end in ("low", "high"):
+            hours = want[f"campaign_hours_{end}"]
+            want[f"campaign_cost_usd_{end}"] = (None if hours is None else
+                                                o.price_per_hour_usd * max(hours, o.billing_minimum_hours))
         for key, value in want.items():
-            if key == "offer":
-                continue
             have = got[key]
             if isinstance(value, float) or isinstance(have, float):
                 assert (value is None and math.isnan(have)) or math.isclose(float(value), float(have),
