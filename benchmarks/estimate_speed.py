@@ -1,17 +1,19 @@
 """How long the whole estimate of a 7B-shaped model takes (all 7 phases, every worker), against torch's own
 MemTracker sizing one update of the same model under fake tensors, measured in the same run; and peak RSS.
 
-    python benchmarks/estimate_speed.py [--layers 32] [--out figures.json]
+    python benchmarks/estimate_speed.py [--layers 32] [--repeat 3] [--out figures.json]
 
 Both run in fresh processes on this machine: ours through run_grid (the path `rentplan estimate` takes,
 forkserver start and warm-up included) and again in one warm process (every phase, and the process's peak
-RSS), MemTracker on a model built under FakeTensorMode (its build is not timed).
+RSS), MemTracker on a model built under FakeTensorMode (its build is not timed). With --repeat N the three
+run in turn N times (so a busy machine slows all three alike) and the ratios are the medians of each round's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,18 +93,26 @@ def run(code: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--layers", type=int, default=SHAPE["layers"])
+    ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     shape = {**SHAPE, "layers": args.layers}
-    with tempfile.TemporaryDirectory() as tmp:
-        ours = run(OURS.format(root=str(ROOT), shape=shape, ledger=str(Path(tmp) / "l.db")))
-        worker = run(IN_PROCESS.format(root=str(ROOT), shape=shape, tmp=tmp))
-    theirs = run(MEMTRACKER.format(root=str(ROOT), shape=shape))
-    figures = {"shape": shape, "rentplan_estimate_all_phases": ours, "in_one_warm_worker": worker,
-               "memtracker_one_update": theirs,
-               "ratio_ours_over_memtracker": round(ours["wall_s"] / theirs["update_s"], 3),
-               "ratio_warm_worker_over_memtracker": round(worker["all_phases_s"] / theirs["update_s"], 3),
-               "peak_agrees_with_memtracker": round(ours["first_step_peak_bytes"] / theirs["peak_bytes"], 6),
+    rounds = []
+    for _ in range(args.repeat):
+        with tempfile.TemporaryDirectory() as tmp:
+            ours = run(OURS.format(root=str(ROOT), shape=shape, ledger=str(Path(tmp) / "l.db")))
+            worker = run(IN_PROCESS.format(root=str(ROOT), shape=shape, tmp=tmp))
+        theirs = run(MEMTRACKER.format(root=str(ROOT), shape=shape))
+        rounds.append({"rentplan_estimate_all_phases": ours, "in_one_warm_worker": worker,
+                       "memtracker_one_update": theirs,
+                       "ratio_ours_over_memtracker": round(ours["wall_s"] / theirs["update_s"], 3),
+                       "ratio_warm_worker_over_memtracker": round(worker["all_phases_s"] / theirs["update_s"], 3),
+                       "peak_agrees_with_memtracker": round(ours["first_step_peak_bytes"] / theirs["peak_bytes"], 6)})
+    figures = {"shape": shape, "rounds": rounds,
+               "median_ratio_ours_over_memtracker": statistics.median(r["ratio_ours_over_memtracker"] for r in rounds),
+               "median_ratio_warm_worker_over_memtracker":
+                   statistics.median(r["ratio_warm_worker_over_memtracker"] for r in rounds),
+               "max_rss_bytes": max(r["in_one_warm_worker"]["max_rss_bytes"] for r in rounds),
                "target_ratio": 0.5, "rss_target_bytes": 2**30}
     print(json.dumps(figures, indent=2))
     if args.out:

@@ -16,11 +16,13 @@ import json
 from collections import Counter
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 aten = torch.ops.aten
+_DEVICE = torch.ops.prim.device.default
 MATMUL = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution, aten._convolution,
           aten.convolution_backward, aten.cudnn_convolution, aten._slow_conv2d_forward}
 ATTENTION = {aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,
@@ -63,6 +65,8 @@ class OpCensus(TorchDispatchMode):
         self.launches = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE and type(args[0]) is FakeTensor:  # `.device`: no kernel, asked per tensor
+            return args[0].fake_device
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         kind = kind_of(func)

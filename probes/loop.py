@@ -171,7 +171,9 @@ class Trainer:
         w = self.window
         if self.scaler:
             self.scaler.unscale_(self.optimizer)  # once, right before clipping
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP_NORM)
+        # Plain tensors take the foreach kernels on CUDA and CPU; fake ones fail torch's type check and fall back
+        # to one norm and one multiply per parameter, which no real run does: ask for foreach as they get it.
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP_NORM, foreach=True if self.fake else None)
         if self.scaler:
             self.scaler.step(self.optimizer)  # skips the step itself when grads overflowed
             self.scaler.update()
@@ -377,13 +379,19 @@ class _UnknownValuesAreOne(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:
-            from torch._subclasses.fake_tensor import DataDependentOutputException
+            from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
 
+            t = args[0]
+            one = True if t.dtype == torch.bool else (1.0 if t.is_floating_point() else 1)
+            if type(t) is FakeTensor and t.item_memo is None and t.fake_mode.shape_env is None:
+                # FakeTensorMode's own answers, without its dispatch (a fifth of an AdamW step: optimizer.py's
+                # _get_value reads every parameter's step twice): a kept constant's value (the step counts),
+                # else the refusal of fake_impls.local_scalar_dense, read as 1.
+                return t.constant.item() if t.constant is not None else one
             try:
                 return func(*args, **(kwargs or {}))
             except DataDependentOutputException:
-                t = args[0]
-                return True if t.dtype == torch.bool else (1.0 if t.is_floating_point() else 1)
+                return one
         return func(*args, **(kwargs or {}))
 
 
