@@ -152,17 +152,24 @@ def _column(df: pd.DataFrame, name: str) -> pd.Series:
 
 
 def phase_bytes(df: pd.DataFrame, fragmentation: float) -> pd.Series:
-    """Reserved where a CUDA device measured it; else the reserved peak simulated by the model of CUDA's caching
-    allocator (planner/allocator.py) from the run's own allocations; else, for lines written before that model
-    existed, allocated × a flat fragmentation factor (the basis then says so)."""
+    """The need rule, the one place it is written: reserved where a CUDA device measured it; else the reserved
+    peak simulated by the model of CUDA's caching allocator (planner/allocator.py) from the run's own
+    allocations; else, for lines written before that model existed, allocated × a flat fragmentation factor
+    (the basis then says so). Allocated and reserved are never added."""
     reserved, simulated = _column(df, "peak_reserved_bytes"), _column(df, "simulated_reserved_bytes")
-    flat = df["peak_allocated_bytes"].astype(float) * fragmentation
+    flat = df["peak_allocated_bytes"].astype(float) * allocated_factor(df, fragmentation)
     return reserved.where(reserved.notna(), simulated.where(simulated.notna(), flat))
 
 
 def has_reserved(df: pd.DataFrame) -> pd.Series:
     """Lines whose need rests on a reserved figure (measured or simulated), not on the flat factor."""
     return _column(df, "peak_reserved_bytes").notna() | _column(df, "simulated_reserved_bytes").notna()
+
+
+def allocated_factor(df: pd.DataFrame, fragmentation: float) -> pd.Series:
+    """Per line, what an allocated figure of it (a baseline, the parameters' bytes) is multiplied by to count
+    beside its need: 1 where the need rests on a reserved figure, else the flat factor."""
+    return has_reserved(df).map({True: 1.0, False: float(fragmentation)}).astype(float)
 
 
 def build_model(lines: pd.DataFrame, fragmentation: float) -> MemoryModel | None:
@@ -178,10 +185,10 @@ def build_model(lines: pd.DataFrame, fragmentation: float) -> MemoryModel | None
         if rows.empty:
             continue
         mb_col, seq_col = ("eval_micro_batch", "eval_seq_len") if phase in EVAL_PHASES else ("micro_batch", "seq_len")
-        reserved = has_reserved(rows)
+        factor = allocated_factor(rows, fragmentation)
         points = [Point(int(r[mb_col]), int(r[seq_col]), float(r["need_bytes"]),
                         None if pd.isna(r["baseline_allocated_bytes"]) else
-                        float(r["baseline_allocated_bytes"]) * (1 if reserved[i] else fragmentation))
+                        float(r["baseline_allocated_bytes"]) * factor[i])
                   for i, r in rows.iterrows()]
         fits[phase] = fit_phase(phase, points)
         for _, r in rows.iterrows():

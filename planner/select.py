@@ -17,7 +17,7 @@ from planner.catalog import Catalog, Gpu, Offer
 from planner.errors import LedgerError, NoFeasibleGpu
 from planner.evidence import Evidence, choose, run_facts
 from planner.kernels import kernel_target
-from planner.memory_model import MemoryModel, Need, build_model, has_reserved, max_micro_batch, max_seq_len
+from planner.memory_model import MemoryModel, Need, allocated_factor, build_model, max_micro_batch, max_seq_len
 from planner.overheads import NCCL_BYTES, workspace_bytes
 from planner.overheads import describe as describe_workspace
 from planner.timing import Throughput, TimeRange, throughput, update_time
@@ -354,8 +354,8 @@ def ddp_need(single: Need, grads: float, accum: int) -> Need:
 
 
 def _reserved_factor(fam: Family, fragmentation: float) -> float:
-    """Bytes the pilot counted as allocated become reserved bytes × this (1 where reserved was measured)."""
-    return 1.0 if has_reserved(fam.lines).all() else fragmentation
+    """Bytes the pilot counted as allocated become need bytes × this (the family's largest factor)."""
+    return float(allocated_factor(fam.lines, fragmentation).max())
 
 
 def measured_on_cuda(fam: Family) -> bool:

@@ -16,6 +16,7 @@ import torch
 
 from planner.catalog import load_catalog
 from planner.ledger import read_lines
+from planner.memory_model import phase_bytes
 from planner.orders import load_order
 from planner.records import ProbeConfig
 from planner.timing import match_catalog_gpu
@@ -112,9 +113,7 @@ def pilot_checks(order: dict, device: str, ledger_path: str | None, progress) ->
                          "; ".join(f"{r.phase} {r.verdict} {r.detail}" for r in bad.itertuples())))
     if df.empty or not bad.empty:
         return checks
-    frag = load_catalog().fragmentation_factor
-    reserved = df["peak_reserved_bytes"]
-    need = (reserved if reserved.notna().all() else df["peak_allocated_bytes"] * frag).max()
+    need = phase_bytes(df, load_catalog().fragmentation_factor).max()  # the plan's own rule
     limit = plan["need_bytes"] * (1 + MEMORY_TOLERANCE)
     checks.append(_check("peak memory", need <= limit,
                          f"pilot needs {need / 2**30:.3f} GiB; plan said {plan['need_bytes'] / 2**30:.3f} GiB "
