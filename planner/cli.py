@@ -284,10 +284,7 @@ def probe(ledger_path, timeout_s, retry_failed, find, fmt, script_path, script_a
     if find:
         return run_find(spec, find, ledger_path, fmt)
     result = run_probe(spec, ledger_path, timeout_s, retry_failed)
-    df = read_lines(ledger_path)
-    keys = {c.key() for c in build_grid(spec)}
-    df = df[df["config_key"].isin(keys)]
-    click.echo(render(lines_view(df, fmt), fmt))
+    click.echo(render(lines_view(result.frame(), fmt), fmt))
     if result.interrupted:
         raise KeyboardInterrupt
 
@@ -622,8 +619,9 @@ def plans_view(plans: pd.DataFrame, fmt: str) -> pd.DataFrame:
 def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt):
     from planner.campaign import load_campaign
     from planner.catalog import load_catalog
-    from planner.planning import local_order, make_plan, recommend
-    from planner.render import order_document, write_outputs
+    from planner.orders import local_order, offer_order
+    from planner.planning import make_plan, recommend
+    from planner.render import write_outputs
 
     from planner.select import observed_times
 
@@ -639,10 +637,10 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
     result = make_plan(campaign, lines, catalog, headroom, parse_days(days),
                        observed=observed_times(runs, metrics, campaign))
     if offer_id == "local":
-        order = local_order(campaign, result, catalog, headroom)
+        order = local_order(campaign, result, headroom)
     else:
         pick = recommend(result.sheet) if offer_id is None else _offer_row(result.sheet, offer_id)
-        order = None if pick is None else order_document(campaign, pick, result.lines, catalog, headroom)
+        order = None if pick is None else offer_order(campaign, pick, result.lines, catalog, headroom)
     if out:
         written = write_outputs(Path(out), campaign, result.sheet, result.plans, result.budget, result.lines,
                                 catalog, headroom, order, spec_path=str(campaign_path))

@@ -200,6 +200,21 @@ class Ledger:
             df["checkpointing"] = df["checkpointing"].astype(bool)
         return df
 
+    def standing_lines(self, config_key: str) -> list[Line]:
+        """The lines of the newest run that decides a configuration's state: a finished run, else a failed one."""
+        cur = self.db.execute("SELECT * FROM lines WHERE config_key = ? ORDER BY seq", (config_key,))
+        names = [d[0] for d in cur.description]
+        runs: dict[str, list[Line]] = {}
+        for row in cur.fetchall():
+            rec = {k: v for k, v in zip(names, row) if k in LINE_FIELDS}
+            rec["checkpointing"] = bool(rec["checkpointing"])
+            line = Line(**rec)
+            runs.setdefault(line.run_id, []).append(line)
+        states = {rid: run_state([(ln.phase, ln.verdict) for ln in lines]) for rid, lines in runs.items()}
+        want = "done" if "done" in states.values() else "failed"
+        decided = [rid for rid, state in states.items() if state == want]
+        return runs[decided[-1]] if decided else []
+
     def run_status(self) -> dict[str, dict]:
         """config_key -> {'state': done|failed|incomplete, 'runs': [...]}, from the newest attempt."""
         rows = self.db.execute("SELECT config_key, run_id, phase, verdict FROM lines ORDER BY seq").fetchall()
@@ -259,6 +274,11 @@ def run_state(lines: list[tuple[str, str]]) -> str:
     if all(p in phases_ok for p in PHASES):
         return "done"
     return "incomplete"
+
+
+def lines_frame(lines: Iterable[Line]) -> pd.DataFrame:
+    """Lines as a frame like the ledger's (the Line fields as columns)."""
+    return pd.DataFrame([ln.to_dict() for ln in lines], columns=list(LINE_FIELDS))
 
 
 def read_lines(path: str | Path) -> pd.DataFrame:

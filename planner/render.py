@@ -19,6 +19,7 @@ import pandas as pd
 from planner import __version__
 from planner.campaign import Campaign
 from planner.catalog import Catalog
+from planner.orders import provenance, stack_for
 from planner.plans import recommend
 from planner.select import NO_FIT
 from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
@@ -94,17 +95,6 @@ def _range(lo, hi, f) -> str:
     return f"{f(lo)} – {f(hi)}"
 
 
-def provenance(lines: pd.DataFrame) -> list[dict]:
-    """Where the numbers came from: one row per (mode, device, torch) with line counts and dates."""
-    rows = []
-    keys = ["mode", "device", "device_name", "torch_version", "cuda_version"]
-    for k, g in lines.fillna({"cuda_version": "none"}).groupby(keys, dropna=False):
-        rec = dict(zip(keys, k))
-        rec.update({"lines": int(len(g)), "first": str(g["started_at"].min()), "last": str(g["started_at"].max())})
-        rows.append(rec)
-    return rows
-
-
 def _price(r) -> str:
     """Per hour for the whole offer; a multi-node offer says what one node costs."""
     nodes = int(r["nodes"])
@@ -172,19 +162,6 @@ def plan_rows(plans: pd.DataFrame, limit_per_window: int = 5) -> list[dict]:
                 "held": _usd(r["cost_if_held_whole_window_usd"]),
             })
     return out
-
-
-def stack_for(rec: pd.Series, lines: pd.DataFrame) -> dict:
-    torch_versions = sorted({v for v in lines["torch_version"].dropna() if v})
-    cuda_versions = sorted({v for v in lines["cuda_version"].dropna() if v})
-    torch_min = ".".join(torch_versions[-1].split("+")[0].split(".")[:2]) if torch_versions else "2.4"
-    if rec["software"] == "rocm":
-        return {"driver": "ROCm build of PyTorch", "torch": f">= {torch_min} (ROCm build)", "cuda": "n/a (ROCm)"}
-    cuda = rec["min_cuda"] or "12.1"
-    if cuda_versions and cuda_versions[-1] > cuda:
-        cuda = cuda_versions[-1]
-    return {"driver": "NVIDIA driver supporting the CUDA below", "torch": f">= {torch_min} (CUDA build)",
-            "cuda": f">= {cuda}"}
 
 
 def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, budget: dict,
@@ -267,43 +244,6 @@ def budget_context(budget: dict) -> dict:
             "cap": _usd(budget["budget"]["cap_usd"]), "cost": _usd(budget["budget"]["recommended_cost_usd_high"]),
             "within": budget["budget"]["within"], "margin": _usd(abs(budget["budget"]["margin_usd"])),
             "offers_within": budget["budget"]["offers_within_cap"]},
-    }
-
-
-def order_document(campaign: Campaign, rec: pd.Series, lines: pd.DataFrame, catalog: Catalog,
-                   headroom: float) -> dict:
-    """order.json: what to rent, at which settings, and what `rentplan verify` must find on the machine."""
-    gpu = catalog.gpu(rec["gpu"])
-    stack = stack_for(rec, lines)
-    offer = next((o for o in catalog.offers if o.id == rec["offer"]), None)
-    return {
-        "format": "rentplan-order/1",
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "campaign": campaign.name,
-        "offer": {"id": rec["offer"], "provider": rec["provider"], "instance": rec["instance"],
-                  "gpus_per_instance": int(rec["gpus_per_instance"]), "nodes": int(rec["nodes"]),
-                  "spot": bool(rec["spot"]), "region": offer.region if offer else None,
-                  "network": rec["network"],
-                  "price_per_instance_hour_usd": float(rec["price_per_instance_hour_usd"]),
-                  "price_per_hour_usd": float(rec["price_per_hour_usd"]),
-                  "as_of": rec["as_of"], "source": rec["price_source"]},
-        "expect": {"device_kind": "cuda" if gpu.software == "cuda" else "rocm", "gpu_id": gpu.id,
-                   "gpu_name": gpu.name, "usable_bytes": int(gpu.usable_bytes), "compute_capability": gpu.compute_capability,
-                   "bf16": gpu.bf16_supported, "fp8": gpu.fp8_supported, "min_cuda": gpu.min_cuda,
-                   "torch": stack["torch"], "gpus": int(rec["gpus_per_instance"])},
-        "settings": {"workload": campaign.workload, "params": campaign.params, "precision": rec["precision"],
-                     "optimizer": campaign.optimizer, "checkpointing": campaign.checkpointing,
-                     "micro_batch": int(rec["micro_batch"]), "grad_accum": int(rec["grad_accum"]),
-                     "replicas": int(rec["replicas"]), "seq_len": int(rec["seq_len"]),
-                     "eval_micro_batch": int(rec["eval_micro_batch"]), "eval_seq_len": campaign.eval.seq_len,
-                     "strategy": rec["strategy"]},
-        "plan": {"need_bytes": int(rec["need_bytes"]), "need_phase": rec["need_phase"], "need_basis": rec["need_basis"],
-                 "context_bytes": int(rec["context_bytes"]), "context_basis": rec["context_basis"],
-                 "headroom": headroom, "update_s_point": rec.get("update_s_point"), "run_ids": rec["run_ids"],
-                 "update_s_low": rec["update_s_low"], "update_s_high": rec["update_s_high"],
-                 "time_basis": rec["time_basis"]},
-        "packages": ["torch", "safetensors"],
-        "provenance": provenance(lines),
     }
 
 

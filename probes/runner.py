@@ -25,7 +25,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from planner.ledger import Ledger, new_id
+import pandas as pd
+
+from planner.ledger import Ledger, lines_frame, new_id
 from planner.records import PHASES, Line, ProbeConfig, Verdict
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -162,7 +164,7 @@ def call_in_worker(fn, args: tuple, timeout_s: float = DEFAULT_TIMEOUT_S, env: d
 
 @dataclass
 class WorkerOutcome:
-    lines: list[dict] = field(default_factory=list)
+    lines: list[Line] = field(default_factory=list)  # made from the worker's dicts once, as they arrive
     env: dict = field(default_factory=dict)
     in_flight: str | None = None
     fatal: str = ""
@@ -171,7 +173,7 @@ class WorkerOutcome:
 
 
 def _run_worker(phases, cfg: ProbeConfig, workdir: str, run_id: str, probe_id: str, timeout_s: float,
-                on_line: Callable[[dict], None], on_phase: Callable[[str], None]) -> WorkerOutcome:
+                on_line: Callable[[Line], None], on_phase: Callable[[str], None]) -> WorkerOutcome:
     ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_worker_main, args=(phases, dataclasses.asdict(cfg), workdir, run_id, probe_id, child))
@@ -198,9 +200,10 @@ def _run_worker(phases, cfg: ProbeConfig, workdir: str, run_id: str, probe_id: s
                     out.in_flight = payload
                     on_phase(payload)
                 elif kind == "line":
-                    out.lines.append(payload)
+                    line = Line(**payload)
+                    out.lines.append(line)
                     out.in_flight = None
-                    on_line(payload)
+                    on_line(line)
                 elif kind == "fatal":
                     out.fatal = payload
                 elif kind == "done":
@@ -240,9 +243,9 @@ def _missing_lines(cfg: ProbeConfig, phases, out: WorkerOutcome, run_id: str, pr
                    cause: tuple[str, str] | None = None, rank: int = 0) -> list[Line]:
     """Lines the worker could not write. Phases run in order, so the first missing phase is the one in
     flight when the worker failed; it gets the failure's verdict and the phases after it are `skipped`."""
-    written = {ln["phase"] for ln in out.lines}
+    written = {ln.phase for ln in out.lines}
     if cause is None:
-        cause = next(((ln["phase"], ln["verdict"]) for ln in out.lines if ln["verdict"] != Verdict.OK.value), None)
+        cause = next(((ln.phase, ln.verdict) for ln in out.lines if ln.verdict != Verdict.OK.value), None)
     base_env = {"device": cfg.device, "device_name": "", "device_total_bytes": None, "torch_version": "",
                 "cuda_version": None, "host": ""}
     base_env.update({k: v for k, v in env.items() if k in base_env})
@@ -264,18 +267,28 @@ def _missing_lines(cfg: ProbeConfig, phases, out: WorkerOutcome, run_id: str, pr
 
 @dataclass
 class GridResult:
-    run_ids: list[str]
-    skipped: list[ProbeConfig]
+    """What stands for each configuration: the lines of the run made now, or of the earlier run it was skipped for
+    (finished, or failed without --retry-failed); none for one another probe is running."""
+
+    lines: list[Line] = field(default_factory=list)
     interrupted: bool = False
+
+    @property
+    def run_ids(self) -> list[str]:
+        return list(dict.fromkeys(ln.run_id for ln in self.lines))
+
+    def frame(self) -> pd.DataFrame:
+        return lines_frame(self.lines)
 
 
 def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
              retry_failed: bool = False, workdir: str | None = None,
              progress: Callable[[str], None] | None = None) -> GridResult:
-    """Run every configuration not already finished; return the new run ids. Lines go to the ledger."""
+    """Run every configuration not already finished. Lines go to the ledger as they come; the result holds the
+    lines that stand for each configuration (this run's, or the earlier run's it was skipped for)."""
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     probe_id = new_id("p")
-    result = GridResult([], [])
+    result = GridResult()
     own_tmp = workdir is None
     for name in clean_stale_temporaries(tempfile.gettempdir()):
         progress(f"removed {name}: temporary checkpoints of a probe that was killed")
@@ -288,7 +301,7 @@ def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: 
             for cfg in configs:
                 state = status.get(cfg.key(), {}).get("state")
                 if state == "done" or (state == "failed" and not retry_failed):
-                    result.skipped.append(cfg)
+                    result.lines += ledger.standing_lines(cfg.key())
                     why = "finished" if state == "done" else "failed earlier (pass --retry-failed to rerun)"
                     progress(f"skip {cfg.label()}: {why}")
                 else:
@@ -298,19 +311,18 @@ def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: 
                 tag = f"[{i}/{len(todo)}] {cfg.label()}"
                 holder = ledger.claim(cfg.key(), run_id)
                 if holder is not None:  # another probe is running it now: its lines will be in this ledger
-                    result.skipped.append(cfg)
                     progress(f"skip {tag}: claimed by run {holder['run_id']} (pid {holder['pid']} on "
                              f"{holder['host']}), running now")
                     continue
                 try:
                     state = ledger.run_status().get(cfg.key(), {}).get("state")
                     if state == "done" or (state == "failed" and not retry_failed):  # finished meanwhile
-                        result.skipped.append(cfg)
+                        result.lines += ledger.standing_lines(cfg.key())
                         progress(f"skip {tag}: finished by another probe meanwhile")
                         continue
-                    result.run_ids.append(run_id)
                     with _heartbeat(ledger, cfg.key(), run_id):
-                        ok = _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress)
+                        ok = _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress,
+                                         result.lines.append)
                 finally:
                     ledger.release(cfg.key(), run_id)
                 if not ok:
@@ -320,6 +332,8 @@ def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: 
         signal.signal(signal.SIGTERM, previous)
         if own_tmp:
             _rmtree(workdir)
+    order = {cfg.key(): i for i, cfg in reversed(list(enumerate(configs)))}
+    result.lines.sort(key=lambda ln: order.get(ln.config_key, len(order)))  # the configurations' order (stable)
     return result
 
 
@@ -421,9 +435,10 @@ def _read_rank_files(workdir: str, run_id: str, phases, world: int, offsets: dic
                     out.in_flight = payload
                     on_phase(rank, payload)
                 elif kind == "line":
-                    out.lines.append(payload)
+                    line = Line(**payload)
+                    out.lines.append(line)
                     out.in_flight = None
-                    on_line(payload)
+                    on_line(line)
 
 
 def _run_ranks(phases, cfg: ProbeConfig, workdir, run_id, probe_id, timeout_s, on_line, on_phase) -> dict:
@@ -473,28 +488,38 @@ def _run_ranks(phases, cfg: ProbeConfig, workdir, run_id, probe_id, timeout_s, o
     return outs
 
 
-def _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress) -> bool:
+def _committer(ledger: Ledger, keep: Callable[[Line], None]) -> Callable[[list[Line]], None]:
+    """Lines go to the ledger (committed one by one) and to the grid's result, the same objects."""
+    def commit(lines: list[Line]) -> None:
+        for line in lines:
+            ledger.append(line)
+            keep(line)
+    return commit
+
+
+def _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress, keep) -> bool:
     """Run one configuration (training worker, then a fresh resume worker). False when interrupted."""
+    commit = _committer(ledger, keep)
     if cfg.world_size > 1 and cfg.mode == "measured":
-        return _run_config_ranks(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress)
+        return _run_config_ranks(cfg, workdir, run_id, probe_id, timeout_s, tag, progress, commit)
     env: dict = {}
     # The resume phase runs in a fresh worker, as a restarted job would; an estimate holds no memory of its
     # own, so it resumes in the same worker once its training state is dropped.
     train, resume = (PHASES, ()) if cfg.mode == "estimated" else (PHASES[:-1], PHASES[-1:])
     for phases in (p for p in (train, resume) if p):
         out = _run_worker(phases, cfg, workdir, run_id, probe_id, timeout_s,
-                          on_line=lambda ln: ledger.append(Line(**ln)),
+                          on_line=lambda ln: commit([ln]),
                           on_phase=lambda ph: progress(f"{tag} · {ph}"))
         env = out.env or env
         extra = _missing_lines(cfg, phases, out, run_id, probe_id, env)
-        ledger.extend(extra)
+        commit(extra)
         if out.verdict is Verdict.INTERRUPTED:
             return False
-        failed = [ln for ln in out.lines + [x.to_dict() for x in extra] if ln["verdict"] != Verdict.OK.value]
+        failed = [ln for ln in out.lines + extra if ln.verdict != Verdict.OK.value]
         if failed:
             if phases is train and resume:  # resume needs the checkpoint: not reached
-                cause = (failed[0]["phase"], failed[0]["verdict"])
-                ledger.extend(_missing_lines(cfg, resume, WorkerOutcome(), run_id, probe_id, env, cause))
+                cause = (failed[0].phase, failed[0].verdict)
+                commit(_missing_lines(cfg, resume, WorkerOutcome(), run_id, probe_id, env, cause))
             break
     _remove_run_files(workdir, run_id)
     return True
@@ -510,7 +535,7 @@ def _remove_run_files(workdir: str, run_id: str) -> None:
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
 
-def _run_config_ranks(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress) -> bool:
+def _run_config_ranks(cfg, workdir, run_id, probe_id, timeout_s, tag, progress, commit) -> bool:
     """The distributed twin of _run_config: one line per phase per rank."""
     train, resume = PHASES[:-1], PHASES[-1:]
     causes: dict[int, tuple[str, str]] = {}
@@ -518,19 +543,19 @@ def _run_config_ranks(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, pr
         if causes:  # resume needs the checkpoint: not reached on any rank
             for r in range(cfg.world_size):
                 cause = causes.get(r) or next(iter(causes.values()))
-                ledger.extend(_missing_lines(cfg, phases, WorkerOutcome(), run_id, probe_id, {}, cause, rank=r))
+                commit(_missing_lines(cfg, phases, WorkerOutcome(), run_id, probe_id, {}, cause, rank=r))
             break
         outs = _run_ranks(phases, cfg, workdir, run_id, probe_id, timeout_s,
-                          on_line=lambda ln: ledger.append(Line(**ln)),
+                          on_line=lambda ln: commit([ln]),
                           on_phase=lambda r, ph: progress(f"{tag} · rank {r} · {ph}"))
         interrupted = False
         for r, out in outs.items():
             extra = _missing_lines(cfg, phases, out, run_id, probe_id, out.env, rank=r)
-            ledger.extend(extra)
+            commit(extra)
             interrupted |= out.verdict is Verdict.INTERRUPTED
-            bad = [ln for ln in out.lines + [x.to_dict() for x in extra] if ln["verdict"] != Verdict.OK.value]
+            bad = [ln for ln in out.lines + extra if ln.verdict != Verdict.OK.value]
             if bad:
-                causes[r] = (bad[0]["phase"], bad[0]["verdict"])
+                causes[r] = (bad[0].phase, bad[0].verdict)
         if interrupted:
             return False
     _remove_run_files(workdir, run_id)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from planner.grid import GridSpec, build_grid
-from planner.ledger import read_lines
+from planner.ledger import lines_frame
 from planner.memory_model import build_model, max_micro_batch, max_seq_len
-from planner.records import ProbeConfig
+from planner.records import Line, ProbeConfig
 from probes.runner import run_grid
 
 
@@ -38,6 +38,8 @@ def _configs(base: ProbeConfig, dimension: str, size: int, mode: str) -> ProbeCo
 
 
 def _verdict(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "not run"  # another probe holds the configuration now: nothing to judge it by
     bad = df[df["verdict"] != "ok"]
     return "ok" if bad.empty else str(bad.iloc[0]["verdict"])
 
@@ -57,27 +59,26 @@ def find_max(spec: GridSpec, dimension: str, ledger: str, limit: int = 4096, max
     if base.cap_bytes is None:
         raise ValueError("--find needs --cap GPU_ID or --cap SIZE: the search is for what fits under it")
     step = 1 if dimension == "max-micro-batch" else 16
-    keys: set[str] = set()
+    seen: list[Line] = []  # the lines of every size this search tried, measured and estimated
     res = SearchResult(dimension, None, None, 0, 0)
 
     def run(size: int, mode: str) -> tuple[bool, pd.DataFrame]:
         cfg = _configs(base, dimension, size, mode)
         if mode == "estimated":  # no memory is touched: no cap, CPU kernels
             cfg = dataclasses.replace(cfg, cap="", cap_bytes=None, device="cpu")
-        keys.add(cfg.key())
         out = run_grid([cfg], ledger, retry_failed=True, progress=progress)
-        df = read_lines(ledger)
-        mine = df[df["run_id"].isin(out.run_ids)]
+        seen.extend(out.lines)
+        mine = out.frame()
         ok = _verdict(mine) == "ok"
         if mode == "estimated":
             res.estimate_probes += 1
-            return ok and mine["peak_allocated_bytes"].max() <= base.cap_bytes, df
+            return ok and mine["peak_allocated_bytes"].max() <= base.cap_bytes, lines_frame(seen)
         res.real_probes += 1
         res.tried.append((size, _verdict(mine)))
-        return ok, df
+        return ok, lines_frame(seen)
 
     def predict(df: pd.DataFrame) -> int:
-        model = build_model(df[df["config_key"].isin(keys)], 1.0)  # the cap counts allocated bytes: factor 1
+        model = build_model(df, 1.0)  # the cap counts allocated bytes: factor 1
         if model is None:
             return 0
         if dimension == "max-micro-batch":
@@ -112,9 +113,7 @@ def doubling_search(spec: GridSpec, dimension: str, ledger: str, limit: int = 40
 
     def probe(size):
         cfg = _configs(base, dimension, size, "measured")
-        out = run_grid([cfg], ledger, retry_failed=True, progress=progress)
-        df = read_lines(ledger)
-        v = _verdict(df[df["run_id"].isin(out.run_ids)])
+        v = _verdict(run_grid([cfg], ledger, retry_failed=True, progress=progress).frame())
         res.real_probes += 1
         res.tried.append((size, v))
         return v

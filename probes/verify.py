@@ -15,7 +15,6 @@ import tempfile
 import torch
 
 from planner.catalog import load_catalog
-from planner.ledger import read_lines
 from planner.memory_model import phase_bytes
 from planner.orders import load_order
 from planner.records import ProbeConfig
@@ -103,9 +102,7 @@ def pilot_checks(order: dict, device: str, ledger_path: str | None, progress) ->
     if ledger_path is None:
         tmp = tempfile.mkdtemp(prefix="rentplan-verify-")
         ledger_path = os.path.join(tmp, "verify.db")
-    res = run_grid([cfg], ledger_path, retry_failed=True, progress=progress)
-    df = read_lines(ledger_path)
-    df = df[df["run_id"].isin(res.run_ids)]
+    df = run_grid([cfg], ledger_path, retry_failed=True, progress=progress).frame()
     checks = []
     bad = df[df["verdict"] != "ok"]
     checks.append(_check("pilot", bad.empty and not df.empty,

@@ -87,6 +87,12 @@ def test_search_brackets_a_cap_between_two_sizes_and_reports_only_tested(tmp_pat
     assert res.best == 6 and res.failed_above == 7
     assert (6, "ok") in res.tried and (7, "oom") in res.tried  # the answer was run, not predicted
     assert res.real_probes <= 4
+    # The same search again on the same ledger: every size it tries has finished there, so nothing reruns, and the
+    # earlier runs' lines decide each step as they did the first time.
+    said = []
+    again = find_max(spec, "max-micro-batch", str(tmp_path / "s.db"), progress=said.append)
+    assert (again.best, again.failed_above, again.tried) == (res.best, res.failed_above, res.tried)
+    assert sum(m.startswith("skip") for m in said) >= again.estimate_probes, said  # finished estimates: not rerun
 
 
 @pytest.mark.slow
@@ -145,3 +151,59 @@ def test_an_estimates_census_leaves_every_peak_unchanged(tmp_path, monkeypatch, 
     for phase in PHASES:
         for field in ("peak_allocated_bytes", "simulated_reserved_bytes", "baseline_allocated_bytes"):
             assert with_census[phase][field] == without[phase][field], (phase, field)
+
+
+@pytest.mark.parametrize("fake", [False, True])
+def test_gradient_clipping_takes_the_foreach_kernels_a_real_run_takes(fake):
+    """Real tensors clip with _foreach_norm/_foreach_mul_ (CUDA and CPU alike); fake ones fail torch's type check
+    and would fall back to a norm and a multiply per parameter, ops no real run dispatches."""
+    import contextlib
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from probes.loop import Trainer
+    from probes.workloads import load_workload
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    cfg = ProbeConfig(params_json=json.dumps(SMALL, sort_keys=True), micro_batch=2, seq_len=16, eval_seq_len=16)
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+        trainer = Trainer(load_workload(cfg.workload, json.loads(cfg.params_json)), cfg, torch.device("cpu"), fake=fake)
+        trainer.begin_window(list(range(cfg.grad_accum)))
+        trainer.micro_step()
+        names = Names()
+        with names:
+            trainer.finish_window()
+    n_params = len(list(trainer.model.parameters()))
+    assert names.seen.count("_foreach_norm") == 1 and names.seen.count("_foreach_mul_") >= 1
+    assert names.seen.count("linalg_vector_norm") == 1 < n_params  # only the norm of the stacked norms
+
+
+def test_device_queries_answered_without_fake_tensor_mode_change_no_figure(tmp_path, monkeypatch):
+    """The tracker and the census answer `.device` of a fake tensor themselves (three in four ops an estimate
+    dispatches). Every figure of every phase, the census included, must be what the full dispatch gives."""
+    import probes.census
+    import probes.memory
+
+    def run():
+        return pilot_lines(tmp_path, "estimated", params={**SMALL, "dropout": 0.1}, micro_batch=2, seq_len=64,
+                           eval_seq_len=128, precision="bf16", target="sm80+")
+
+    fast = run()
+    monkeypatch.setattr(probes.memory, "_DEVICE", object())  # the short cut never matches
+    monkeypatch.setattr(probes.census, "_DEVICE", object())
+    full = run()
+    for phase in PHASES:
+        assert fast[phase]["verdict"] == full[phase]["verdict"] == "ok", fast[phase]["detail"]
+        for field in ("peak_allocated_bytes", "simulated_reserved_bytes", "baseline_allocated_bytes",
+                      "flops_per_update", "ops_per_update", "op_profile_json"):
+            assert fast[phase][field] == full[phase][field], (phase, field)

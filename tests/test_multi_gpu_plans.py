@@ -132,7 +132,8 @@ def test_catalog_multi_node_offer_must_name_its_network():
 
 
 def test_local_order_is_sized_from_one_process_lines_only(tmp_path):
-    from planner.planning import local_order, make_plan
+    from planner.orders import local_order
+    from planner.planning import make_plan
 
     camp = load_campaign_text(campaign_yaml(), "t")
     # a larger configuration than any one-process line, far below their memory: it must not be taken
@@ -141,7 +142,7 @@ def test_local_order_is_sized_from_one_process_lines_only(tmp_path):
     plain = ledger(tmp_path)
     (tmp_path / "b").mkdir()
     mixed = ledger(tmp_path / "b", extra=ranks)
-    orders = [local_order(camp, make_plan(camp, lines, CATALOG), CATALOG, 0.10) for lines in (plain, mixed)]
+    orders = [local_order(camp, make_plan(camp, lines, CATALOG), 0.10) for lines in (plain, mixed)]
     assert orders[0]["plan"]["need_bytes"] == orders[1]["plan"]["need_bytes"]
     settings = orders[1]["settings"]
     assert orders[0]["settings"] == settings

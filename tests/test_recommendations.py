@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from planner.campaign import load_campaign_text
 from planner.catalog import load_catalog
 from planner.ledger import Ledger, read_lines
-from planner.planning import local_order, make_plan
+from planner.orders import local_order
+from planner.planning import make_plan
 from planner.records import LINE_FIELDS, Line, ProbeConfig
 from tests.conftest import WORKLOADS
 from tests.factories import campaign_yaml, config, pilot_lines
@@ -154,7 +155,7 @@ def test_local_order_uses_the_campaign_shape_after_estimates_and_finds(real_ledg
     before = make_plan(camp, read_lines(real_ledger), catalog)
     result = make_plan(camp, lines, catalog)
     pd.testing.assert_frame_equal(before.sheet, result.sheet)
-    order = local_order(camp, result, catalog, 0.10)
+    order = local_order(camp, result, 0.10)
     s = order["settings"]
     assert s["micro_batch"] * s["grad_accum"] == camp.effective_batch and s["seq_len"] == camp.seq_len
     assert s["eval_seq_len"] == camp.eval.seq_len

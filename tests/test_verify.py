@@ -1,11 +1,13 @@
 """rentplan verify: refuse an order whose device is absent; adopt an order made from this machine's pilot."""
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
 
 from planner.cli import cli
+from planner.ledger import read_lines
 from tests.conftest import TINY, has_cuda
 from tests.factories import campaign_yaml, standard_ledger
 
@@ -43,7 +45,19 @@ def test_order_from_this_machines_cpu_pilot_is_adopted(tmp_path):
     assert r.exit_code == 0, r.output
     order = json.loads((out / "order.json").read_text())
     assert order["expect"]["device_kind"] == "cpu"
-    r = runner.invoke(cli, ["verify", str(out / "order.json")], catch_exceptions=False)
+    checked = str(tmp_path / "verify.db")
+    r = runner.invoke(cli, ["verify", str(out / "order.json"), "--ledger", checked], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert "adopt: every check passed" in r.output
     assert "[ok  ] peak memory" in r.output and "[ok  ] pilot: all phases ok" in r.output
+    # The pilot's need follows the plan's rule: its lines carry the allocator model's reserved peak, so that is
+    # the need (not allocated × the flat factor, a rule the plan uses only for lines without one).
+    lines = read_lines(checked)
+    assert lines["simulated_reserved_bytes"].notna().all()
+    said = re.search(r"pilot needs ([0-9.]+) GiB", r.output).group(1)
+    assert said == f"{lines['simulated_reserved_bytes'].max() / 2**30:.3f}"
+    # Verified again with the same ledger: the finished pilot is not rerun, and its lines still decide.
+    again = runner.invoke(cli, ["verify", str(out / "order.json"), "--ledger", checked], catch_exceptions=False)
+    assert again.exit_code == 0, again.output
+    assert f"pilot needs {said} GiB" in again.output and "[ok  ] pilot: all phases ok" in again.output
+    assert len(read_lines(checked)) == len(lines)
