@@ -25,7 +25,8 @@ from planner.archive import sha256
 from planner.campaign import Campaign, Variant, judge_loss, resolve_params, resolve_workload
 from planner.ledger import Ledger, new_id
 from planner.records import ProbeConfig
-from probes.loop import NonFinite, Trainer, to_device
+from probes import checkpoint
+from probes.loop import NonFinite, Trainer
 from probes.distributed import barrier, from_rank0, summed, world_of
 from probes.pilot import environment, last_line
 from probes.workloads import load_workload
@@ -108,42 +109,24 @@ def variant_config(campaign: Campaign, variant: Variant, device: str, world: int
 
 def evaluate(trainer: Trainer, campaign: Campaign) -> tuple[float, float | None, list[dict]]:
     """Mean validation loss over the campaign's eval examples, accuracy when predict() exists, and the first
-    PREDICTIONS_KEPT (item, prediction, target) triples of the pass."""
-    ev, w = campaign.eval, trainer.workload
+    PREDICTIONS_KEPT (item, prediction, target) triples of the pass. Data-parallel: each process evaluates its
+    share (Trainer.batch reads by rank) and the sums are taken over the processes."""
+    ev = campaign.eval
     mb = ev.micro_batch or trainer.cfg.micro_batch
-    losses, right, total, kept = [], 0, 0, []
-    trainer.model.eval()
-    try:
-        with torch.no_grad():  # data-parallel: each process evaluates its share (Trainer.batch reads by rank)
-            for i in range(max(1, ev.examples // (mb * trainer.world))):
-                b = to_device(trainer.batch(i, "val", mb, ev.seq_len), trainer.device)
-                with trainer.autocast():
-                    losses.append(float(w.compute_loss(trainer.model, b)))
-                    if hasattr(w, "predict"):
-                        pred, target = w.predict(trainer.model, b)
-                        right += int((pred == target).sum())
-                        total += int(target.numel())
-                        pairs = zip(pred.reshape(-1).tolist(), target.reshape(-1).tolist())
-                        for k, (p, t) in enumerate(pairs):
-                            if len(kept) >= PREDICTIONS_KEPT:
-                                break
-                            kept.append({"item": f"val batch {i} #{k}", "prediction": str(p), "target": str(t)})
-    finally:
-        trainer.model.train()
-    loss_sum, n, right, total = summed([sum(losses), len(losses), right, total], trainer.device)
+    out = trainer.evaluate(mb, ev.seq_len, batches=max(1, ev.examples // (mb * trainer.world)),
+                           predictions=PREDICTIONS_KEPT)
+    loss_sum, n, right, total = summed([out.loss_sum, out.batches, out.right, out.total], trainer.device)
+    kept = [{"item": f"val batch {i} #{k}", "prediction": str(p), "target": str(t)} for i, k, p, t in out.kept]
     return loss_sum / n, (right / total if total else None), kept
 
 
 def control_outputs(trainer: Trainer) -> dict:
-    """Outputs on fixed control inputs, recorded at export and compared by `finish`."""
-    b = to_device(trainer.batch(0, "control", CONTROL_EXAMPLES, trainer.cfg.seq_len), trainer.device)
-    trainer.model.eval()
-    with torch.no_grad():
-        out = {"loss": float(trainer.workload.compute_loss(trainer.model, b))}
-        if hasattr(trainer.workload, "predict"):
-            out["pred"] = trainer.workload.predict(trainer.model, b)[0].tolist()
-    trainer.model.train()
-    return out
+    """Outputs on fixed control inputs (no autocast), recorded at export and compared by `finish`."""
+    out = trainer.evaluate(CONTROL_EXAMPLES, trainer.cfg.seq_len, split="control", predictions=sys.maxsize, amp=False)
+    result = {"loss": out.loss}
+    if out.total:
+        result["pred"] = [p for _, _, p, _ in out.kept]
+    return result
 
 
 def device_start_up(device: str) -> float:
@@ -266,25 +249,10 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
                         led.add("campaign_predictions", {"run_id": run_id, "update_no": u, **k})
                     progress(f"{variant.id} seed {seed}: update {u}/{updates} val loss {loss:.4f}")
             t2 = time.perf_counter()
-            from safetensors.torch import save_model
-
-            from probes.hf import export_adapter
-
             model_path = run_dir / "model.safetensors"
-            tmp = run_dir / f"model.safetensors.tmp-{os.getpid()}"  # a kill mid-export leaves no half file
-            if cfg.strategy == "fsdp":  # every process gives its shards; rank 0 writes the full weights
-                from safetensors.torch import save_file
-
-                full = trainer.gathered_weights()
-                if rank == 0:
-                    save_file({k: v.contiguous() for k, v in full.items()}, str(tmp))
-            elif rank == 0:
-                model = getattr(trainer.model, "module", trainer.model)  # DDP wraps the model
-                if not (campaign.export == "adapter" and export_adapter(model, str(tmp))):
-                    save_model(model, str(tmp))  # the whole model (or no adapter to export)
+            checkpoint.export(trainer, str(model_path), adapter=campaign.export == "adapter")
             reference = control_outputs(trainer)  # every process: FSDP's forward gathers from all of them
             if rank == 0:
-                os.replace(tmp, model_path)
                 (run_dir / "reference.json").write_text(json.dumps(reference))
             barrier()
             metric("export", trainer.update, time.perf_counter() - t2)
@@ -359,6 +327,13 @@ def finish_check(config_json: str, run_dir: str, seed: int = 0) -> dict:
     diffs = []
     if not (now["loss"] == then["loss"] or (math.isnan(now["loss"]) and math.isnan(then["loss"]))):
         diffs.append(f"control loss {now['loss']!r} now, {then['loss']!r} at export")
-    if now.get("pred") != then.get("pred"):
+    if _flat(now.get("pred")) != _flat(then.get("pred")):
         diffs.append("control predictions differ from those recorded at export")
     return {"same": not diffs, "differences": diffs, "loss": now["loss"]}
+
+
+def _flat(pred):
+    """Predictions as one flat list (exports before the one evaluation recorded them nested per example)."""
+    if not isinstance(pred, list):
+        return pred
+    return [x for p in pred for x in (_flat(p) if isinstance(p, list) else [p])]

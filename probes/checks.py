@@ -16,6 +16,7 @@ import torch
 
 from planner.records import ProbeConfig
 from probes.builtin import IGNORE
+from probes import checkpoint
 from probes.loop import Trainer
 from probes.workloads import count_targets, load_workload
 
@@ -179,7 +180,7 @@ def resume_worker(mode: str, cfg_dict: dict, ckpt: str, updates: int, at: int, a
     trainer = Trainer(workload, cfg, torch.device(cfg.device))
     trace = []
     if mode == "resume":
-        trainer.load(ckpt)
+        checkpoint.load(trainer, ckpt)
         start = {"update": trainer.update, "lr": trainer.lr(), "position": trainer.position,
                  "window_done": trainer.window["done"] if trainer.window else 0}
     else:
@@ -193,7 +194,7 @@ def resume_worker(mode: str, cfg_dict: dict, ckpt: str, updates: int, at: int, a
             break
         trace.append(t)
     if mode == "stop":
-        trainer.save(ckpt)
+        checkpoint.save(trainer, ckpt)
         return {"trace": trace}
     return {"trace": trace, "start": start, "final": _final_state(trainer)}
 

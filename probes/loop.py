@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -40,6 +38,19 @@ def default_dtype(dtype: torch.dtype | None):
         yield
     finally:
         torch.set_default_dtype(before)
+
+
+@dataclass
+class Evaluation:
+    loss_sum: float  # over the batches
+    batches: int
+    right: int = 0  # predictions equal to their targets, of total
+    total: int = 0
+    kept: list[tuple] = field(default_factory=list)  # (batch, position, prediction, target), the first asked
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.batches
 
 
 class NonFinite(RuntimeError):
@@ -214,145 +225,33 @@ class Trainer:
         return results
 
     @torch.no_grad()
-    def evaluate(self, micro_batch: int, seq_len: int, index: int = 0, split: str = "val") -> float:
+    def evaluate(self, micro_batch: int, seq_len: int, batches: int = 1, split: str = "val",
+                 predictions: int | None = None, amp: bool = True) -> Evaluation:
+        """The one evaluation of pilots, campaigns and their checks: `batches` micro-batches of `split` in eval
+        mode (train mode after). With predictions (a count), the workload's predict() also runs where it has one:
+        accuracy, and the first `predictions` (batch, position, prediction, target). Under fake tensors no value
+        exists: the loss is NaN and nothing is predicted."""
+        out = Evaluation(0.0, batches)
         self.model.eval()
         try:
-            b = to_device(self.batch(index, split, micro_batch, seq_len), self.device)
-            with self.autocast():
-                loss = self.workload.compute_loss(self.model, b)
-            return float("nan") if self.fake else float(loss)
+            for i in range(batches):
+                b = to_device(self.batch(i, split, micro_batch, seq_len), self.device)
+                with self.autocast() if amp else contextlib.nullcontext():
+                    loss = self.workload.compute_loss(self.model, b)
+                    out.loss_sum += float("nan") if self.fake else float(loss)
+                    if predictions is None or self.fake or not hasattr(self.workload, "predict"):
+                        continue
+                    pred, target = self.workload.predict(self.model, b)
+                    out.right += int((pred == target).sum())
+                    out.total += int(target.numel())
+                    pairs = zip(pred.reshape(-1).tolist(), target.reshape(-1).tolist())
+                    out.kept += [(i, k, p, t) for k, (p, t) in zip(range(predictions - len(out.kept)), pairs)]
         finally:
             self.model.train()
+        return out
 
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
-
-    # --- checkpoints: everything needed to continue exactly, loadable with weights_only=True ---
-
-    def weights(self) -> dict:
-        """The model's state dict. Estimates: a quantized layer writes its quant state's numbers (bitsandbytes'
-        nested offset via .item()), which fake tensors do not have; they read 1 (sizes do not depend on them)."""
-        with _UnknownValuesAreOne() if self.fake else contextlib.nullcontext():
-            return self.model.state_dict()
-
-    def state_dict(self) -> dict:
-        rng = {"torch": torch.get_rng_state(), "python": list_state(random.getstate())}
-        if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        return {
-            "format": "rentplan-checkpoint/1",
-            "model": self.weights(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler else None,
-            "rng": rng,
-            "update": self.update,
-            "position": self.position,
-            "window": self.window,
-            "grads": ([p.grad for p in self.model.parameters()] if self.window and self.window["done"] else None),
-        }
-
-    def save(self, path: str) -> int:
-        state = self.state_dict()
-        if self.cfg.strategy == "fsdp":  # sharded model and optimizer: each rank writes its shards
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_state_dict
-
-            msd, osd = get_state_dict(self.model, self.optimizer)
-            dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=f"{path}.dcp")
-            state.update(model=None, optimizer=None, grads=None)
-        if self.rank == 0:  # replicated state: one writer
-            tmp = f"{path}.tmp-{os.getpid()}"
-            torch.save(state, tmp)
-            os.replace(tmp, path)  # a crash mid-save never leaves a half-written checkpoint under the name
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
-        return os.path.getsize(path) + _dir_size(f"{path}.dcp")
-
-    def export(self, path: str) -> int:
-        from safetensors.torch import save_file, save_model
-
-        if self.cfg.strategy == "fsdp":
-            full = self.gathered_weights()
-            if self.rank == 0:
-                save_file({k: v.contiguous() for k, v in full.items()}, path)
-        elif self.rank == 0:
-            from probes.hf import export_adapter
-
-            if not export_adapter(self.model, path):  # LoRA: the adapter alone is what ships
-                save_model(getattr(self.model, "module", self.model), path)  # shared tensors handled
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()
-        return os.path.getsize(path)
-
-    def gathered_weights(self) -> dict:
-        """FSDP: the full weights, all-gathered shard by shard; rank 0 keeps them (on CPU), the others drop them."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-    def load(self, path: str) -> None:
-        state = safe_load(path, self.device)
-        if self.cfg.strategy == "fsdp":
-            self.load_sharded(f"{path}.dcp")
-            state = {**state, "model": None, "optimizer": None}
-        self.load_state_dict(state)
-
-    def load_sharded(self, checkpoint_id: str | None) -> None:
-        """FSDP: each rank reads its own shards in place (DCP). None (estimates): the same calls, nothing read."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        msd, osd = get_state_dict(self.model, self.optimizer)
-        if checkpoint_id is not None:
-            import torch.distributed.checkpoint as dcp
-
-            dcp.load({"model": msd, "optimizer": osd}, checkpoint_id=checkpoint_id)
-        set_state_dict(self.model, self.optimizer, model_state_dict=msd, optim_state_dict=osd)
-
-    def load_state_dict(self, state: dict) -> None:
-        required = ["model", "optimizer", "scheduler", "rng", "update", "position"]
-        missing = [k for k in required if k not in state]
-        if self.scaler is not None and not state.get("scaler"):
-            missing.append("scaler")
-        if "rng" in state and "torch" not in state["rng"]:
-            missing.append("rng.torch")
-        if missing:
-            raise ResumeError(f"checkpoint cannot restore the exact state: missing {', '.join(missing)}")
-        if state["model"] is not None:  # None: restored from sharded files already
-            # An estimate of a quantized base: its layers hold plain fake weights (probes/quantize.py), which take
-            # the checkpoint's values but not bitsandbytes' quant-state keys; the memory of the load is the same.
-            quantized = getattr(self.workload, "quantize", None)
-            model_state = state["model"]
-            if quantized and not self.fake:
-                from probes.quantize import restore_quant_states
-
-                model_state = restore_quant_states(self.model, model_state, self.device)
-            elif quantized:  # its value is unknown under fake tensors; bitsandbytes reads the default ("row")
-                model_state = {k: v for k, v in model_state.items() if not k.endswith(".weight_format")}
-            self.model.load_state_dict(model_state, strict=not (quantized and self.fake))
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.scaler is not None:
-            self.scaler.load_state_dict(state["scaler"])
-        if not self.fake:  # a fake RNG state has no values to restore
-            torch.set_rng_state(state["rng"]["torch"].cpu())
-        random.setstate(tuple_state(state["rng"]["python"]))
-        if "cuda" in state["rng"] and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), self.device)
-        self.update = int(state["update"])
-        self.position = int(state["position"])
-        self.window, self._batches = state.get("window"), None
-        if self.window and self.window["done"]:
-            grads = state.get("grads")
-            if grads is None:
-                raise ResumeError("checkpoint is inside an accumulation window but holds no partial gradients")
-            for p, g in zip(self.model.parameters(), grads):
-                p.grad = None if g is None else g.to(self.device)
-
 
 @contextlib.contextmanager
 def _parameters_on_meta():
@@ -500,33 +399,3 @@ def wrap_for_strategy(model: torch.nn.Module, strategy: str, device: torch.devic
         fully_shard(model, mesh=mesh)
         return model
     raise ValueError(f"unknown strategy {strategy!r}: single, ddp or fsdp")
-
-
-def list_state(state):
-    """random.getstate() as nested lists (plain types only, so weights_only loads it without allowlists)."""
-    return [list_state(s) if isinstance(s, tuple) else s for s in state]
-
-
-def tuple_state(state):
-    return tuple(tuple_state(s) if isinstance(s, list) else s for s in state)
-
-
-def _dir_size(path: str) -> int:
-    if not os.path.isdir(path):
-        return 0
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
-
-
-def safe_load(path: str, device: torch.device | str = "cpu") -> dict:
-    """Load a checkpoint without ever unpickling code: refuse any global outside torch's weights-only set
-    first (this check does not depend on TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD), then load with weights_only=True."""
-    from torch.serialization import get_unsafe_globals_in_checkpoint
-
-    try:
-        unsafe = get_unsafe_globals_in_checkpoint(path)
-    except Exception as e:  # noqa: BLE001  not a torch zip checkpoint at all
-        raise ResumeError(f"{path} is not a torch checkpoint this tool can read safely ({e})") from None
-    if unsafe:
-        raise ResumeError(f"refusing {path}: it references globals outside plain tensors and containers "
-                          f"({', '.join(sorted(unsafe))}); loading it could run code")
-    return torch.load(path, map_location=device, weights_only=True)

@@ -36,7 +36,7 @@ import torch
 from planner.ledger import Ledger, new_id
 from planner.records import Line, ProbeConfig, Verdict
 from probes.census import OpCensus, census_fields
-from probes.loop import _dir_size
+from probes.checkpoint import _dir_size
 from probes.memory import LiveTensorTracker, PhaseMeter
 from probes.pilot import cuda_allocator_model, environment, is_oom, last_line
 

@@ -25,6 +25,7 @@ from planner.records import Line, ProbeConfig, Verdict
 from planner.kernels import TARGETS, kernel_target
 from probes.census import OpCensus, census, census_fields
 from probes.kernels import target_kernels
+from probes import checkpoint
 from probes.loop import NonFinite, Trainer
 from probes.memory import LiveTensorTracker, PhaseMeter
 from probes.workloads import load_workload
@@ -185,6 +186,11 @@ class Pilot:
     def new_trainer(self) -> Trainer:
         return Trainer(self.workload, self.cfg, self.device, fake=self.fake)
 
+    def steps(self) -> dict:
+        """Each phase's step, named: what a line's phase runs is this table, not a method looked up by name."""
+        return {"setup": self.setup, "first_step": self.first_step, "steady": self.steady, "eval": self.evaluate,
+                "save": self.save, "export": self.export, "resume": self.resume}
+
     def setup(self) -> dict:
         self.trainer = self.new_trainer()
         params = list(self.trainer.model.parameters())
@@ -225,27 +231,27 @@ class Pilot:
         return {**work, "update_times_s": json.dumps(times), "update_s": _median(times),
                 "loss_first": self.losses[0], "loss_last": self.losses[-1]}
 
-    def eval(self) -> dict:
-        loss = self.trainer.evaluate(self.cfg.eval_micro_batch, self.cfg.eval_seq_len)
+    def evaluate(self) -> dict:
+        loss = self.trainer.evaluate(self.cfg.eval_micro_batch, self.cfg.eval_seq_len).loss
         return {"loss_last": None if self.fake else loss}
 
     def save(self) -> dict:
         if self.fake:  # torch.save writes tensors from their storages: no tensor memory beyond the state
-            state = self.trainer.state_dict()
+            state = checkpoint.training_state(self.trainer)
             # What the file would hold, kept as shapes only (meta, untracked): resume materialises it again.
             self._checkpoint = {**_as_meta(state), "update": 1 + self.cfg.steady_updates,
                                 "position": (1 + self.cfg.steady_updates) * self.cfg.grad_accum}
             return {"checkpoint_bytes": _tensor_bytes(state), "detail": "estimated: state size, no file written"}
-        return {"checkpoint_bytes": self.trainer.save(self.ckpt_path)}
+        return {"checkpoint_bytes": checkpoint.save(self.trainer, self.ckpt_path)}
 
     def export(self) -> dict:
         if self.fake:  # FSDP: the gather to rank 0 is what costs memory, so it runs
             fsdp = self.cfg.strategy == "fsdp"
-            weights = self.trainer.gathered_weights() if fsdp else self.trainer.weights()
+            weights = checkpoint.gathered_weights(self.trainer) if fsdp else checkpoint.weights(self.trainer)
             return {"checkpoint_bytes": _tensor_bytes(weights), "detail": "estimated: "
                     + ("full weights gathered to rank 0" if fsdp else "weights size") + ", no file written"}
         path = os.path.join(self.workdir, f"{self.run_id}.model.safetensors")
-        size = self.trainer.export(path)  # weights only (gathered to rank 0 when sharded)
+        size = checkpoint.export(self.trainer, path)  # weights only (gathered to rank 0 when sharded)
         return {"checkpoint_bytes": size}
 
     def resume(self) -> dict:
@@ -260,14 +266,14 @@ class Pilot:
         self.trainer = self.new_trainer()
         if self.fake:  # torch.load materialises every tensor of the file, then load_state_dict copies them in
             state = self._checkpoint
-            if self.cfg.strategy == "fsdp":  # as Trainer.load: shards restored in place, the rest from the file
-                self.trainer.load_sharded(None)
+            if self.cfg.strategy == "fsdp":  # as checkpoint.load: shards restored in place, the rest from the file
+                checkpoint.load_sharded(self.trainer, None)
                 state = {**state, "model": None, "optimizer": None, "grads": None}
             loaded = _materialise(state)
-            self.trainer.load_state_dict(loaded)
+            checkpoint.restore(self.trainer, loaded)
             del loaded
         else:
-            self.trainer.load(self.ckpt_path)
+            checkpoint.load(self.trainer, self.ckpt_path)
         expected = 1 + self.cfg.steady_updates
         if self.trainer.update != expected:
             raise RuntimeError(f"resumed at update {self.trainer.update}, expected {expected}")
@@ -332,7 +338,7 @@ class Pilot:
         t0 = time.perf_counter()
         verdict, detail = Verdict.OK, ""
         try:
-            fields.update(getattr(self, phase)())
+            fields.update(self.steps()[phase]())
         except NonFinite as e:
             verdict, detail = Verdict.NONFINITE, str(e)
             fields["nonfinite_update"] = e.update

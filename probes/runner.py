@@ -475,9 +475,9 @@ def _run_ranks(phases, cfg: ProbeConfig, workdir, run_id, probe_id, timeout_s, o
         parent.close()
     _read_rank_files(workdir, run_id, phases, cfg.world_size, offsets, outs, on_line, on_phase)
     if status != "done":
-        failed = [(r, o) for r, o in outs.items() if any(ln["verdict"] != Verdict.OK.value for ln in o.lines)]
+        failed = [(r, o) for r, o in outs.items() if any(ln.verdict != Verdict.OK.value for ln in o.lines)]
         why = (f"stopped after rank {failed[0][0]} failed in "
-               f"{next(ln['phase'] for ln in failed[0][1].lines if ln['verdict'] != Verdict.OK.value)}"
+               f"{next(ln.phase for ln in failed[0][1].lines if ln.verdict != Verdict.OK.value)}"
                if failed else message)
         verdict = {"timeout": Verdict.TIMEOUT, "interrupted": Verdict.INTERRUPTED}.get(status, Verdict.KILLED)
         for r, o in outs.items():

@@ -12,7 +12,9 @@ from planner.records import ProbeConfig
 from tests.conftest import TINY, WORKLOADS
 
 torch = pytest.importorskip("torch")
-from probes.loop import ResumeError, Trainer, safe_load  # noqa: E402
+from probes import checkpoint  # noqa: E402
+from probes.checkpoint import safe_load  # noqa: E402
+from probes.loop import ResumeError, Trainer  # noqa: E402
 from probes.workloads import load_workload  # noqa: E402
 
 TINY_ARGS = [x for k, v in TINY.items() for x in ("-p", f"{k}={v}")]
@@ -114,20 +116,20 @@ def test_pickle_payload_refused_even_with_force_env(tmp_path, monkeypatch):
 def test_partial_checkpoint_fails_loudly(tmp_path, drop):
     w, t = trainer_for("builtin:gpt", precision="fp16", grad_accum=1)
     t.train_update()
-    state = t.state_dict()
+    state = checkpoint.training_state(t)
     state.pop(drop) if drop == "rng" else state.update(scaler=None)
     path = str(tmp_path / "c.pt")
     torch.save(state, path)
     _, fresh = trainer_for("builtin:gpt", precision="fp16", grad_accum=1)
     with pytest.raises(ResumeError, match=drop):
-        fresh.load(path)
+        checkpoint.load(fresh, path)
 
 
 def test_own_checkpoints_load_weights_only_without_allowlist(tmp_path):
     _, t = trainer_for("builtin:gpt", precision="fp16", grad_accum=2)
     t.train_update(stop_after=1)  # inside a window: partial gradients are saved too
     path = str(tmp_path / "c.pt")
-    t.save(path)
+    checkpoint.save(t, path)
     state = torch.load(path, weights_only=True)
     assert state["window"]["done"] == 1 and state["grads"] is not None
 
