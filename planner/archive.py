@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from planner.errors import InputError
+from planner.ledger import Ledger
 
 MANIFEST = "manifest.json"
 
@@ -124,3 +125,58 @@ def _files(dest: Path) -> list[str]:
     """Every file under dest but the manifest, as paths relative to dest."""
     return sorted(name for name in (p.relative_to(dest).as_posix() for p in dest.rglob("*")
                                     if p.is_file() and not p.is_symlink()) if name != MANIFEST)
+
+
+def recorded_sha256_lookup(ledger_path: str):
+    """run_id -> the model sha256 the ledger recorded when that run finished (None when the ledger is absent,
+    not a ledger, or has no such run): the basis that a recomputed manifest cannot fake."""
+    from planner.archive import recorded_model_sha256
+    from planner.errors import LedgerError
+
+    def lookup(run_id: str) -> str | None:
+        if not Path(ledger_path).is_file():
+            return None
+        try:
+            with Ledger(ledger_path, create=False) as led:
+                return recorded_model_sha256(led.table("campaign_events"), run_id)
+        except LedgerError:
+            return None
+
+    lookup.source = ledger_path
+    return lookup
+
+
+def campaign_run_row(ledger_path: str, run_id: str) -> pd.Series:
+    with Ledger(ledger_path, create=False) as led:
+        runs = led.table("campaign_runs")
+    hit = runs[runs["run_id"] == run_id]
+    if hit.empty:
+        raise InputError(f"no campaign run {run_id!r} in {ledger_path}; `rentplan campaign report` lists them.")
+    return hit.iloc[0]
+
+
+def archive_run(ledger_path: str, run_id: str, dest: Path, runs_dir: Path) -> list[str]:
+    """`rentplan archive RUN --to DEST`: the run's rows from every campaign table, its files from runs_dir, a
+    README and a manifest, written to dest; returns the files' names."""
+    from planner import __version__
+    from planner.render import render_template
+    from planner.report import campaign_frames, run_table
+
+    target = run_id
+    run = campaign_run_row(ledger_path, target)
+    runs, events, metrics, notes = campaign_frames(ledger_path, None)
+    status = run_table(runs[runs["run_id"] == target], events, metrics).iloc[0]["status"]
+    cfg = json.loads(run["config_json"])["config"]
+    readme = render_template("archive_readme.md.j2", {
+        "run_id": target, "variant": run["variant"], "campaign": run["campaign"], "version": __version__,
+        "device": run["device_name"], "torch_version": run["torch_version"], "code_revision": run["code_revision"],
+        "started_at": run["started_at"], "status": status, "dest": str(dest), "workload": cfg["workload"],
+        "params": cfg["params_json"]})
+    with Ledger(ledger_path, create=False) as led:
+        rows = [{"table": t, **{k: (None if pd.isna(v) else v) for k, v in row.items() if k != "seq"}}
+                for t in ("campaign_runs", "campaign_events", "campaign_metrics", "campaign_predictions")
+                for row in (lambda df: df[df["run_id"] == target])(led.table(t)).to_dict(orient="records")]
+    files = write_archive(dest, run, runs_dir / target, metrics[metrics["run_id"] == target],
+                          events[events["run_id"] == target], notes[notes["run_id"].isin([target, None])], readme,
+                          rows)
+    return files

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from planner.errors import CatalogError
+from planner.errors import CatalogError, InputError
 from planner.units import GiB
 from planner.yamlsafe import MAX_CATALOG_BYTES, Problems, load_yaml_file
 
@@ -374,3 +374,24 @@ def _check_gpuinfo(text: str | None, count: int, gpu: Gpu, skipped: list[str], l
                for x in per_gpu_gib):
         skipped.append(f"line {line}: GpuInfo says {mib:.0f} MiB, far from {gpu.id}'s {gpu.memory_gb_marketed} GB "
                        "(kept the offer; check the name mapping)")
+
+
+def merged_catalog_text(text: str, offers: list[dict], source: str) -> tuple[str, str]:
+    """The catalog with the imported offers appended, and a note for the user. Appended as text where `offers:` is
+    the last key (its comments are kept), else the whole document written out again (comments lost: the note says so)."""
+    import yaml
+
+    from planner.yamlsafe import MAX_CATALOG_BYTES, load_yaml_text
+
+    data = load_yaml_text(text, source, MAX_CATALOG_BYTES)
+    before = len(data.get("offers") or [])
+    appended = text.rstrip("\n") + "\n" + yaml.safe_dump(offers, sort_keys=False) if offers else text
+    try:
+        merged = load_yaml_text(appended, source, MAX_CATALOG_BYTES)
+        if isinstance(merged, dict) and len(merged.get("offers") or []) == before + len(offers):
+            return appended, ""
+    except InputError:
+        pass
+    data["offers"] = list(data.get("offers") or []) + offers
+    return yaml.safe_dump(data, sort_keys=False), (f"offers: is not the last key of {source}; the merged catalog "
+                                                   "is written out whole (its comments are not kept)")

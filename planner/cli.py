@@ -19,11 +19,11 @@ import pandas as pd
 
 from planner import __version__
 from planner.errors import InputError, RentplanError
-from planner.grid import GridSpec, build_grid, load_grid_file, on_off, parse_list, parse_params, positive_int
+from planner.grid import (GridSpec, build_grid, checked_count, checked_timeout, parse_list, parse_params, positive_int,
+                          resolve_cap, resolve_device, resolve_targets, spec_from_options)
 from planner.ledger import Ledger, export_frame, read_lines
 from planner.records import PHASES
-from planner.tables import FORMATS, render
-from planner.units import fmt_bytes, fmt_seconds, parse_size
+from planner.tables import FORMATS, lines_view, plans_view, render, selection_view
 
 
 def progress(msg: str) -> None:
@@ -77,72 +77,6 @@ def main() -> None:
 
 # ---------------------------------------------------------------- probe
 
-def lines_view(df: pd.DataFrame, fmt: str) -> pd.DataFrame:
-    """Machine formats get every field in raw units; people get a readable subset."""
-    if fmt in ("csv", "json"):
-        return df.drop(columns=["seq"], errors="ignore")
-    view = pd.DataFrame({
-        "run": df["run_id"],
-        "config": [f"mb{r.micro_batch}×{r.seq_len} acc{r.grad_accum} {r.precision} {r.optimizer}"
-                   f"{' ckpt' if r.checkpointing else ''}{' cap=' + r.cap if r.cap else ''}"
-                   f"{' @' + r.target if getattr(r, 'target', None) else ''}"
-                   f"{f' {r.strategy}×{r.world_size} r{r.rank}' if r.world_size > 1 else ''}" for r in df.itertuples()],
-        "phase": df["phase"],
-        "verdict": df["verdict"],
-        "mode": df["mode"],
-        "device": df["device"],
-        "alloc peak": df["peak_allocated_bytes"].map(fmt_bytes),
-        "reserved peak": [fmt_bytes(r) if pd.notna(r) else (f"{fmt_bytes(sim)} sim" if pd.notna(sim) else "")
-                          for r, sim in zip(df["peak_reserved_bytes"],
-                                            df.get("simulated_reserved_bytes", pd.Series(None, index=df.index)))],
-        "device-level": df["device_used_bytes"].map(fmt_bytes),
-        "time": df["seconds"].where(df["mode"] == "measured").map(fmt_seconds),  # estimates time nothing
-        "per update": df["update_s"].map(fmt_seconds),
-        "detail": df["detail"].fillna("").str.slice(0, 60),
-    })
-    return view
-
-
-DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
-
-
-def resolve_device(device: str) -> str:
-    """auto | cpu | cuda | cuda:N, checked here: a device this machine lacks is refused before anything runs."""
-    if not DEVICE.fullmatch(str(device)):
-        raise InputError(f"--device {device!r} must be auto, cpu, cuda or cuda:N.")
-    if device == "cpu":
-        return device
-    from probes.pilot import available_device  # only the commands that run pilots get here (torch)
-
-    return available_device(device)
-
-
-def checked_count(name: str, value, lo: int = 1, hi: int = 1 << 20) -> int | None:
-    """An optional whole number given on the command line or in a grid file, within [lo, hi]."""
-    if value is None:
-        return None
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{name} must be a whole number, got {value!r}.") from None
-    if isinstance(value, bool) or not v.is_integer() or not lo <= v <= hi:
-        raise InputError(f"{name} must be a whole number from {lo} to {hi:,}, got {value!r}.")
-    return int(v)
-
-
-def resolve_cap(cap: str | None, catalog_path: str | None) -> tuple[str, int | None]:
-    """--cap GPU_ID (catalog usable memory less the CUDA context) or --cap SIZE (e.g. 300MiB)."""
-    if not cap:
-        return "", None
-    size = parse_size(cap)
-    if size is not None:
-        return cap, size
-    from planner.catalog import load_catalog
-
-    catalog = load_catalog(catalog_path)
-    gpu = catalog.gpu(cap)
-    return gpu.id, gpu.usable_bytes - catalog.context_bytes
-
 
 def grid_options(fn):
     opts = [
@@ -183,54 +117,6 @@ def grid_options(fn):
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
-
-
-def spec_from_options(o: dict) -> GridSpec:
-    data = load_grid_file(o["grid_file"]) if o.get("grid_file") else {}
-
-    def pick(key):
-        v = o.get(key)
-        return v if v not in (None, ()) else data.get(key)
-
-    cap_label, cap_bytes = resolve_cap(pick("cap"), o.get("catalog_path"))
-    params = parse_params(data.get("params")) if data.get("params") else {}
-    params.update(parse_params(list(o.get("params") or [])))
-    for key in ("lora", "quantize", "data", "fields", "val_data", "on_truncate"):  # the hf: workload's params
-        if o.get(key):
-            params[key] = o[key]
-    return GridSpec(
-        workload=pick("workload") or "builtin:gpt", params=params,
-        micro_batch=parse_list(pick("micro_batch"), positive_int, "--micro-batch"),
-        seq_len=parse_list(pick("seq_len"), positive_int, "--seq-len"),
-        eval_seq_len=parse_list(pick("eval_seq_len"), positive_int, "--eval-seq-len"),
-        eval_micro_batch=checked_count("--eval-micro-batch", pick("eval_micro_batch")),
-        precision=parse_list(pick("precision"), str, "--precision"),
-        checkpointing=parse_list(pick("checkpointing"), on_off, "--checkpointing"),
-        optimizer=parse_list(pick("optimizer"), str, "--optimizer"),
-        grad_accum=parse_list(pick("grad_accum"), positive_int, "--grad-accum"),
-        effective_batch=checked_count("--effective-batch", pick("effective_batch")),
-        steady_updates=checked_count("--steady-updates", pick("steady_updates"), 3, 10_000) or 3,
-        lr=checked_lr(pick("lr")), cap=cap_label, cap_bytes=cap_bytes,
-        device=resolve_device(o.get("device") or pick("device") or "auto"),
-        strategy=pick("strategy") or "single", nproc=checked_count("--nproc", pick("nproc"), 1, 1024) or 1)
-
-
-def checked_lr(value) -> float:
-    if value is None:
-        return 1e-4
-    try:
-        lr = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"--lr must be a number, got {value!r}.") from None
-    if not 0 < lr < float("inf"):
-        raise InputError(f"--lr must be a positive number, got {value!r}.")
-    return lr
-
-
-def checked_timeout(timeout_s: float) -> float:
-    if not 0 < timeout_s <= 7 * 24 * 3600:
-        raise InputError(f"--timeout must be a number of seconds above 0 (at most a week), got {timeout_s:g}.")
-    return timeout_s
 
 
 def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: bool):
@@ -335,27 +221,6 @@ def probe_script(path, argv, ledger_path, timeout_s, fmt, opts) -> None:
     if not (mine["phase"] == "eval").any():
         progress("note: the script never called model.eval(), so no eval line: plan needs one (eval on the "
                  "longest sequences) before it uses this run")
-
-
-def resolve_targets(text: str, catalog_path: str | None) -> list[str]:
-    """--target: kernel targets (sm80+, sm50-75, cpu), catalog GPU ids (their target), or all (every target the
-    catalog's GPUs need)."""
-    from planner.kernels import TARGETS, kernel_target
-
-    out = []
-    for item in parse_list(text, str, "--target"):
-        if item in TARGETS:
-            out.append(item)
-            continue
-        from planner.catalog import load_catalog
-
-        catalog = load_catalog(catalog_path)
-        if item == "all":
-            out += sorted({kernel_target(g.compute_capability, g.software) for g in catalog.gpus.values()})
-        else:
-            g = catalog.gpu(item)
-            out.append(kernel_target(g.compute_capability, g.software))
-    return list(dict.fromkeys(out))
 
 
 @cli.command()
@@ -534,7 +399,7 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
     """Import offers from a SkyPilot vms.csv (prices per instance; GPU memory from this catalog)."""
     import yaml
 
-    from planner.catalog import default_catalog_path, import_skypilot, load_catalog
+    from planner.catalog import default_catalog_path, import_skypilot, load_catalog, merged_catalog_text
 
     import datetime as dt
 
@@ -551,7 +416,9 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
         click.echo(yaml.safe_dump({"offers": offers}, sort_keys=False))
         return
     src = Path(catalog_path) if catalog_path else default_catalog_path()
-    text = merged_catalog_text(src.read_text(encoding="utf-8"), offers, str(src))
+    text, note = merged_catalog_text(src.read_text(encoding="utf-8"), offers, str(src))
+    if note:
+        progress(f"note: {note}")
     from planner.catalog import parse_catalog
     from planner.render import atomic_write
     from planner.yamlsafe import MAX_CATALOG_BYTES, load_yaml_text
@@ -562,28 +429,6 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
     except OSError as e:
         raise InputError(f"cannot write {out_path}: {e.strerror}.") from None
     progress(f"wrote {out_path}")
-
-
-def merged_catalog_text(text: str, offers: list[dict], source: str) -> str:
-    """The catalog with the imported offers appended. Appended as text where `offers:` is the last key (its
-    comments are kept), else the whole document written out again (comments lost, said on stderr)."""
-    import yaml
-
-    from planner.yamlsafe import MAX_CATALOG_BYTES, load_yaml_text
-
-    data = load_yaml_text(text, source, MAX_CATALOG_BYTES)
-    before = len(data.get("offers") or [])
-    appended = text.rstrip("\n") + "\n" + yaml.safe_dump(offers, sort_keys=False) if offers else text
-    try:
-        merged = load_yaml_text(appended, source, MAX_CATALOG_BYTES)
-        if isinstance(merged, dict) and len(merged.get("offers") or []) == before + len(offers):
-            return appended
-    except InputError:
-        pass
-    progress(f"note: offers: is not the last key of {source}; the merged catalog is written out whole "
-             "(its comments are not kept)")
-    data["offers"] = list(data.get("offers") or []) + offers
-    return yaml.safe_dump(data, sort_keys=False)
 
 
 # ---------------------------------------------------------------- plan
@@ -597,23 +442,6 @@ def parse_days(text: str) -> list[int]:
     if not days:
         raise InputError("--days needs at least one window, e.g. 3,7,30.")
     return days
-
-
-def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.DataFrame:
-    if fmt in ("csv", "json"):
-        return sheet
-    from planner.render import sheet_rows
-
-    rows = pd.DataFrame(sheet_rows(sheet.head(limit) if limit else sheet))
-    return rows.drop(columns=["as_of", "notes", "gpu", "provider", "strategy_why"], errors="ignore")
-
-
-def plans_view(plans: pd.DataFrame, fmt: str) -> pd.DataFrame:
-    if fmt in ("csv", "json"):
-        return plans
-    from planner.render import plan_rows
-
-    return pd.DataFrame(plan_rows(plans, limit_per_window=3))
 
 
 def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt):
@@ -1029,18 +857,6 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
                          f"`rentplan campaign report --ledger {ledger_path}`).")
 
 
-def _campaign_frames(ledger_path: str, name: str | None):
-    with Ledger(ledger_path, create=False) as led:
-        runs, events, metrics, notes = (led.table(t) for t in ("campaign_runs", "campaign_events",
-                                                                "campaign_metrics", "notes"))
-    if name:
-        runs = runs[runs["campaign"] == name]
-    if runs.empty:
-        raise InputError("no campaign runs in this ledger" + (f" for campaign {name!r}" if name else "")
-                         + "; start with `rentplan campaign run campaign.yaml`.")
-    return runs, events, metrics, notes
-
-
 @campaign.command("report")
 @ledger_option
 @click.option("--campaign", "name", default=None, help="campaign name (default: every run in the ledger)")
@@ -1056,9 +872,9 @@ def campaign_report(ledger_path, name, price_per_hour, out, show_predictions, fm
 
     Example: rentplan campaign report --ledger rentplan.db --predictions
     """
-    from planner.report import conclusion, run_table, variant_table
+    from planner.report import campaign_frames, conclusion, run_table, variant_table, write_campaign_report
 
-    runs, events, metrics, notes = _campaign_frames(ledger_path, name)
+    runs, events, metrics, notes = campaign_frames(ledger_path, name)
     table = run_table(runs, events, metrics)
     variants = variant_table(table, price_per_hour)
     said = conclusion(variants)
@@ -1079,32 +895,8 @@ def campaign_report(ledger_path, name, price_per_hour, out, show_predictions, fm
         for n in notes.itertuples():
             click.echo(f"note {n.at}{f' [{n.run_id}]' if n.run_id else ''}: {n.text}")
     if out:
-        write_campaign_report(Path(out), runs, table, variants, metrics, notes, said)
-
-
-def write_campaign_report(out: Path, runs, table, variants, metrics, notes, said) -> None:
-    table = table.drop(columns=["outcome", "control", "quality_target"], errors="ignore")
-    variants = variants.drop(columns=["outcome", "all_finished"], errors="ignore")
-    from datetime import datetime, timezone
-
-    from planner.render import atomic_write, render_template
-    from planner.report import curves_figure
-
-    out.mkdir(parents=True, exist_ok=True)
-    svg = curves_figure(runs, metrics, "svg").decode()
-    (out / "curves.png").write_bytes(curves_figure(runs, metrics, "png"))
-    atomic_write(out / "curves.svg", svg)
-    show = lambda df: [[("" if v is None or (isinstance(v, float) and v != v) else
-                         (f"{v:.4g}" if isinstance(v, float) else v)) for v in row] for row in df.values.tolist()]
-    ctx = {"campaign": ", ".join(sorted(set(runs["campaign"]))), "version": __version__,
-           "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "n_runs": len(table),
-           "conclusion": said, "variant_columns": list(variants.columns), "variants": show(variants),
-           "run_columns": list(table.columns), "runs": show(table), "svg": svg[svg.find("<svg"):],
-           "devices": ", ".join(sorted(set(runs["device_name"]))),
-           "notes": notes.to_dict(orient="records")}
-    atomic_write(out / "report.html", render_template("campaign_report.html.j2", ctx))
-    table.to_csv(out / "runs.csv", index=False)
-    progress(f"wrote {out / 'report.html'}, curves.svg, curves.png, runs.csv")
+        written = write_campaign_report(Path(out), runs, table, variants, metrics, notes, said)
+        progress("wrote " + ", ".join(str(p) for p in written))
 
 
 @campaign.command("finish")
@@ -1117,9 +909,9 @@ def campaign_finish(run_id, ledger_path, out):
     from probes.campaign import finish_check
     from probes.runner import call_in_worker
 
-    from planner.archive import sha256
+    from planner.archive import campaign_run_row, recorded_sha256_lookup, sha256
 
-    run = _run_row(ledger_path, run_id)
+    run = campaign_run_row(ledger_path, run_id)
     run_dir = Path(out) / run_id
     if not (run_dir / "model.safetensors").is_file():
         raise InputError(f"no exported model for {run_id} in {run_dir} (did the run finish?).")
@@ -1140,34 +932,6 @@ def campaign_finish(run_id, ledger_path, out):
                f"(loss {res['loss']!r})")
 
 
-def recorded_sha256_lookup(ledger_path: str):
-    """run_id -> the model sha256 the ledger recorded when that run finished (None when the ledger is absent,
-    not a ledger, or has no such run): the basis that a recomputed manifest cannot fake."""
-    from planner.archive import recorded_model_sha256
-    from planner.errors import LedgerError
-
-    def lookup(run_id: str) -> str | None:
-        if not Path(ledger_path).is_file():
-            return None
-        try:
-            with Ledger(ledger_path, create=False) as led:
-                return recorded_model_sha256(led.table("campaign_events"), run_id)
-        except LedgerError:
-            return None
-
-    lookup.source = ledger_path
-    return lookup
-
-
-def _run_row(ledger_path: str, run_id: str) -> pd.Series:
-    with Ledger(ledger_path, create=False) as led:
-        runs = led.table("campaign_runs")
-    hit = runs[runs["run_id"] == run_id]
-    if hit.empty:
-        raise InputError(f"no campaign run {run_id!r} in {ledger_path}; `rentplan campaign report` lists them.")
-    return hit.iloc[0]
-
-
 @cli.command()
 @click.argument("target")
 @click.argument("folder", required=False)
@@ -1177,7 +941,7 @@ def _run_row(ledger_path: str, run_id: str) -> pd.Series:
 @friendly_errors
 def archive(target, folder, dest, ledger_path, out):
     """`archive RUN --to DIR` writes a verifiable archive; `archive verify DIR` checks one."""
-    from planner.archive import verify_archive, write_archive
+    from planner.archive import archive_run, recorded_sha256_lookup, verify_archive
 
     if target == "verify":
         if not folder:
@@ -1192,25 +956,7 @@ def archive(target, folder, dest, ledger_path, out):
     if Path(dest).exists() and (not Path(dest).is_dir() or any(Path(dest).iterdir())):
         raise InputError(f"{dest} is not empty: an archive is written into a new or empty folder, so that "
                          "nothing else is folded into its manifest.")
-    from planner.render import render_template
-    from planner.report import run_table
-
-    run = _run_row(ledger_path, target)
-    runs, events, metrics, notes = _campaign_frames(ledger_path, None)
-    status = run_table(runs[runs["run_id"] == target], events, metrics).iloc[0]["status"]
-    cfg = json.loads(run["config_json"])["config"]
-    readme = render_template("archive_readme.md.j2", {
-        "run_id": target, "variant": run["variant"], "campaign": run["campaign"], "version": __version__,
-        "device": run["device_name"], "torch_version": run["torch_version"], "code_revision": run["code_revision"],
-        "started_at": run["started_at"], "status": status, "dest": dest, "workload": cfg["workload"],
-        "params": cfg["params_json"]})
-    with Ledger(ledger_path, create=False) as led:
-        rows = [{"table": t, **{k: (None if pd.isna(v) else v) for k, v in row.items() if k != "seq"}}
-                for t in ("campaign_runs", "campaign_events", "campaign_metrics", "campaign_predictions")
-                for row in (lambda df: df[df["run_id"] == target])(led.table(t)).to_dict(orient="records")]
-    files = write_archive(Path(dest), run, Path(out) / target, metrics[metrics["run_id"] == target],
-                          events[events["run_id"] == target], notes[notes["run_id"].isin([target, None])], readme,
-                          rows)
+    files = archive_run(ledger_path, target, Path(dest), Path(out))
     click.echo(f"archived {target} to {dest}: {', '.join(files)}")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import json
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -12,6 +13,7 @@ import yaml
 from planner.errors import InputError
 from planner.kernels import TARGETS
 from planner.records import canonical_precision, OPTIMIZERS, PRECISIONS, ProbeConfig
+from planner.units import parse_size
 from planner.yamlsafe import Problems, load_yaml_file
 
 GRID_KEYS = {"workload", "params", "micro_batch", "seq_len", "eval_seq_len", "eval_micro_batch", "precision",
@@ -155,3 +157,112 @@ def load_grid_file(path: str) -> dict[str, Any]:
     problems.raise_if_any()
     return data
 
+
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def resolve_device(device: str) -> str:
+    """auto | cpu | cuda | cuda:N, checked here: a device this machine lacks is refused before anything runs."""
+    if not DEVICE.fullmatch(str(device)):
+        raise InputError(f"--device {device!r} must be auto, cpu, cuda or cuda:N.")
+    if device == "cpu":
+        return device
+    from probes.pilot import available_device  # only the commands that run pilots get here (torch)
+
+    return available_device(device)
+
+
+def checked_count(name: str, value, lo: int = 1, hi: int = 1 << 20) -> int | None:
+    """An optional whole number given on the command line or in a grid file, within [lo, hi]."""
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a whole number, got {value!r}.") from None
+    if isinstance(value, bool) or not v.is_integer() or not lo <= v <= hi:
+        raise InputError(f"{name} must be a whole number from {lo} to {hi:,}, got {value!r}.")
+    return int(v)
+
+
+def resolve_cap(cap: str | None, catalog_path: str | None) -> tuple[str, int | None]:
+    """--cap GPU_ID (catalog usable memory less the CUDA context) or --cap SIZE (e.g. 300MiB)."""
+    if not cap:
+        return "", None
+    size = parse_size(cap)
+    if size is not None:
+        return cap, size
+    from planner.catalog import load_catalog
+
+    catalog = load_catalog(catalog_path)
+    gpu = catalog.gpu(cap)
+    return gpu.id, gpu.usable_bytes - catalog.context_bytes
+
+
+def spec_from_options(o: dict) -> GridSpec:
+    data = load_grid_file(o["grid_file"]) if o.get("grid_file") else {}
+
+    def pick(key):
+        v = o.get(key)
+        return v if v not in (None, ()) else data.get(key)
+
+    cap_label, cap_bytes = resolve_cap(pick("cap"), o.get("catalog_path"))
+    params = parse_params(data.get("params")) if data.get("params") else {}
+    params.update(parse_params(list(o.get("params") or [])))
+    for key in ("lora", "quantize", "data", "fields", "val_data", "on_truncate"):  # the hf: workload's params
+        if o.get(key):
+            params[key] = o[key]
+    return GridSpec(
+        workload=pick("workload") or "builtin:gpt", params=params,
+        micro_batch=parse_list(pick("micro_batch"), positive_int, "--micro-batch"),
+        seq_len=parse_list(pick("seq_len"), positive_int, "--seq-len"),
+        eval_seq_len=parse_list(pick("eval_seq_len"), positive_int, "--eval-seq-len"),
+        eval_micro_batch=checked_count("--eval-micro-batch", pick("eval_micro_batch")),
+        precision=parse_list(pick("precision"), str, "--precision"),
+        checkpointing=parse_list(pick("checkpointing"), on_off, "--checkpointing"),
+        optimizer=parse_list(pick("optimizer"), str, "--optimizer"),
+        grad_accum=parse_list(pick("grad_accum"), positive_int, "--grad-accum"),
+        effective_batch=checked_count("--effective-batch", pick("effective_batch")),
+        steady_updates=checked_count("--steady-updates", pick("steady_updates"), 3, 10_000) or 3,
+        lr=checked_lr(pick("lr")), cap=cap_label, cap_bytes=cap_bytes,
+        device=resolve_device(o.get("device") or pick("device") or "auto"),
+        strategy=pick("strategy") or "single", nproc=checked_count("--nproc", pick("nproc"), 1, 1024) or 1)
+
+
+def checked_lr(value) -> float:
+    if value is None:
+        return 1e-4
+    try:
+        lr = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"--lr must be a number, got {value!r}.") from None
+    if not 0 < lr < float("inf"):
+        raise InputError(f"--lr must be a positive number, got {value!r}.")
+    return lr
+
+
+def checked_timeout(timeout_s: float) -> float:
+    if not 0 < timeout_s <= 7 * 24 * 3600:
+        raise InputError(f"--timeout must be a number of seconds above 0 (at most a week), got {timeout_s:g}.")
+    return timeout_s
+
+
+def resolve_targets(text: str, catalog_path: str | None) -> list[str]:
+    """--target: kernel targets (sm80+, sm50-75, cpu), catalog GPU ids (their target), or all (every target the
+    catalog's GPUs need)."""
+    from planner.kernels import TARGETS, kernel_target
+
+    out = []
+    for item in parse_list(text, str, "--target"):
+        if item in TARGETS:
+            out.append(item)
+            continue
+        from planner.catalog import load_catalog
+
+        catalog = load_catalog(catalog_path)
+        if item == "all":
+            out += sorted({kernel_target(g.compute_capability, g.software) for g in catalog.gpus.values()})
+        else:
+            g = catalog.gpu(item)
+            out.append(kernel_target(g.compute_capability, g.software))
+    return list(dict.fromkeys(out))

@@ -7,10 +7,13 @@ import io
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pandas as pd
 
-from planner.errors import LedgerError
+from planner import __version__
+from planner.errors import InputError, LedgerError
+from planner.ledger import Ledger
 
 
 def _config(run) -> dict:
@@ -256,3 +259,40 @@ def curves_figure(runs: pd.DataFrame, metrics: pd.DataFrame, fmt: str = "svg") -
     fig.savefig(buf, format=fmt)
     plt.close(fig)
     return buf.getvalue()
+
+
+def campaign_frames(ledger_path: str, name: str | None):
+    with Ledger(ledger_path, create=False) as led:
+        runs, events, metrics, notes = (led.table(t) for t in ("campaign_runs", "campaign_events",
+                                                                "campaign_metrics", "notes"))
+    if name:
+        runs = runs[runs["campaign"] == name]
+    if runs.empty:
+        raise InputError("no campaign runs in this ledger" + (f" for campaign {name!r}" if name else "")
+                         + "; start with `rentplan campaign run campaign.yaml`.")
+    return runs, events, metrics, notes
+
+
+def write_campaign_report(out: Path, runs, table, variants, metrics, notes, said) -> list[Path]:
+    """report.html, curves.svg/.png and runs.csv in out; returns what it wrote."""
+    table = table.drop(columns=["outcome", "control", "quality_target"], errors="ignore")
+    variants = variants.drop(columns=["outcome", "all_finished"], errors="ignore")
+    from datetime import datetime, timezone
+
+    from planner.render import atomic_write, render_template
+    
+    out.mkdir(parents=True, exist_ok=True)
+    svg = curves_figure(runs, metrics, "svg").decode()
+    (out / "curves.png").write_bytes(curves_figure(runs, metrics, "png"))
+    atomic_write(out / "curves.svg", svg)
+    show = lambda df: [[("" if v is None or (isinstance(v, float) and v != v) else
+                         (f"{v:.4g}" if isinstance(v, float) else v)) for v in row] for row in df.values.tolist()]
+    ctx = {"campaign": ", ".join(sorted(set(runs["campaign"]))), "version": __version__,
+           "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "n_runs": len(table),
+           "conclusion": said, "variant_columns": list(variants.columns), "variants": show(variants),
+           "run_columns": list(table.columns), "runs": show(table), "svg": svg[svg.find("<svg"):],
+           "devices": ", ".join(sorted(set(runs["device_name"]))),
+           "notes": notes.to_dict(orient="records")}
+    atomic_write(out / "report.html", render_template("campaign_report.html.j2", ctx))
+    table.to_csv(out / "runs.csv", index=False)
+    return [out / name for name in ("report.html", "curves.svg", "curves.png", "runs.csv")]

@@ -481,12 +481,12 @@ def require_feasible(sheet: pd.DataFrame, catalog: Catalog) -> None:
     """Raise NoFeasibleGpu naming the largest need, its phase and the closest GPU when nothing fits."""
     if (sheet["verdict"] != NO_FIT).any():
         return
-    worst = sheet.sort_values("need_bytes").iloc[0]  # smallest need over offers (mb=1 where nothing fits)
+    smallest = sheet.sort_values("need_bytes").iloc[0]  # smallest need over offers (mb=1 where nothing fits)
     closest = sheet.assign(gap=sheet["need_bytes"] + sheet["context_bytes"] - sheet["usable_bytes"]) \
         .sort_values("gap").iloc[0]
     raise NoFeasibleGpu(
-        f"no GPU in the catalog fits this campaign: the need is {fmt_bytes(worst['need_bytes'])} "
-        f"(phase {worst['need_phase']}, micro-batch {worst['micro_batch']}, seq_len {worst['seq_len']}; "
-        f"{worst['need_basis']}) plus {fmt_bytes(worst['context_bytes'])} CUDA context and the headroom. "
+        f"no GPU in the catalog fits this campaign: the need is {fmt_bytes(smallest['need_bytes'])} "
+        f"(phase {smallest['need_phase']}, micro-batch {smallest['micro_batch']}, seq_len {smallest['seq_len']}; "
+        f"{smallest['need_basis']}) plus {fmt_bytes(smallest['context_bytes'])} CUDA context and the headroom. "
         f"Closest: {closest['gpu']} with {fmt_bytes(closest['usable_bytes'])} usable. "
         "Next: enable checkpointing, shorten eval seq_len, lower --headroom, or add larger GPUs to the catalog.")

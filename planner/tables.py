@@ -11,6 +11,8 @@ import math
 import pandas as pd
 from tabulate import tabulate
 
+from planner.units import fmt_bytes, fmt_seconds
+
 FORMATS = ("table", "markdown", "csv", "json")
 
 
@@ -37,3 +39,46 @@ def render(df: pd.DataFrame, fmt: str = "table", floatfmt: str = ".4g") -> str:
             for r in records(df)]
     tablefmt = "github" if fmt == "markdown" else "simple"
     return tabulate(rows, headers=list(df.columns), tablefmt=tablefmt, floatfmt=floatfmt, disable_numparse=True)
+
+
+def lines_view(df: pd.DataFrame, fmt: str) -> pd.DataFrame:
+    """Machine formats get every field in raw units; people get a readable subset."""
+    if fmt in ("csv", "json"):
+        return df.drop(columns=["seq"], errors="ignore")
+    view = pd.DataFrame({
+        "run": df["run_id"],
+        "config": [f"mb{r.micro_batch}×{r.seq_len} acc{r.grad_accum} {r.precision} {r.optimizer}"
+                   f"{' ckpt' if r.checkpointing else ''}{' cap=' + r.cap if r.cap else ''}"
+                   f"{' @' + r.target if getattr(r, 'target', None) else ''}"
+                   f"{f' {r.strategy}×{r.world_size} r{r.rank}' if r.world_size > 1 else ''}" for r in df.itertuples()],
+        "phase": df["phase"],
+        "verdict": df["verdict"],
+        "mode": df["mode"],
+        "device": df["device"],
+        "alloc peak": df["peak_allocated_bytes"].map(fmt_bytes),
+        "reserved peak": [fmt_bytes(r) if pd.notna(r) else (f"{fmt_bytes(sim)} sim" if pd.notna(sim) else "")
+                          for r, sim in zip(df["peak_reserved_bytes"],
+                                            df.get("simulated_reserved_bytes", pd.Series(None, index=df.index)))],
+        "device-level": df["device_used_bytes"].map(fmt_bytes),
+        "time": df["seconds"].where(df["mode"] == "measured").map(fmt_seconds),  # estimates time nothing
+        "per update": df["update_s"].map(fmt_seconds),
+        "detail": df["detail"].fillna("").str.slice(0, 60),
+    })
+    return view
+
+
+def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.DataFrame:
+    if fmt in ("csv", "json"):
+        return sheet
+    from planner.render import sheet_rows
+
+    rows = pd.DataFrame(sheet_rows(sheet.head(limit) if limit else sheet))
+    return rows.drop(columns=["as_of", "notes", "gpu", "provider", "strategy_why"], errors="ignore")
+
+
+def plans_view(plans: pd.DataFrame, fmt: str) -> pd.DataFrame:
+    if fmt in ("csv", "json"):
+        return plans
+    from planner.render import plan_rows
+
+    return pd.DataFrame(plan_rows(plans, limit_per_window=3))

@@ -129,7 +129,7 @@ def test_probe_option_errors():
 
 
 def test_probe_grid_file_builds_the_product_and_refuses_unknown_keys(tmp_path):
-    from planner.cli import spec_from_options
+    from planner.grid import spec_from_options
     from planner.grid import build_grid
 
     good = write(tmp_path, "g.yaml", "micro_batch: [1, 2]\nseq_len: 64,128\nprecision: [bf16]\n"
