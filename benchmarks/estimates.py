@@ -17,8 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.grid import GridSpec  # noqa: E402
-from planner.memory_model import build_model  # noqa: E402
+from planner.inputs.grid import GridSpec  # noqa: E402
+from planner.models.memory_model import build_model  # noqa: E402
 from planner.records import ProbeConfig  # noqa: E402
 
 SMALL = {"layers": 2, "d_model": 64, "heads": 2, "vocab": 128}

@@ -1,4 +1,4 @@
-"""The achieved fractions the per-op time model assumes (planner/roofline.py), measured on the GPU at hand.
+"""The achieved fractions the per-op time model assumes (planner/models/roofline.py), measured on the GPU at hand.
 
     python benchmarks/gpu_calibration.py [--out figures.json]
 
@@ -41,8 +41,8 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from planner.catalog import load_catalog
-    from planner.timing import match_catalog_gpu
+    from planner.inputs.catalog import load_catalog
+    from planner.models.timing import match_catalog_gpu
 
     gpu = match_catalog_gpu(torch.cuda.get_device_name(0), load_catalog())
     dev = "cuda"

@@ -7,13 +7,13 @@ benchmarks/configs; fp32 and bf16; checkpointing off and on; micro-batch 1 to 16
 the device and estimates it for the device's kernel target, then prints, per configuration:
   allocated: estimated ÷ measured peak allocated (max over phases), and the worst phase
   need: (simulated reserved + BLAS workspaces) ÷ measured peak reserved (max over phases)
-  time: the measured update against the planned range and point (planner/roofline.py)
+  time: the measured update against the planned range and point (planner/models/roofline.py)
 and a summary against the targets (allocated within 5 %; need 1.00–1.10 × reserved, never below; time
 inside the range, point within 15 %). With --device cpu (no GPU) it runs the same pipeline against CPU
 kernels: it checks the plumbing, not the GPU rules.
 
 It also records the real allocator's history for two configurations (torch.cuda.memory._record_memory_history
-from the process start) and replays it through planner/allocator.py: real against simulated reserved.
+from the process start) and replays it through planner/models/allocator.py: real against simulated reserved.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ def configs(device: str, mode: str, target: str, grid) -> list[ProbeConfig]:
 def device_facts(device: str):
     import torch
 
-    from planner.catalog import load_catalog
-    from planner.kernels import kernel_target
-    from planner.timing import match_catalog_gpu
+    from planner.inputs.catalog import load_catalog
+    from planner.models.kernels import kernel_target
+    from planner.models.timing import match_catalog_gpu
 
     catalog = load_catalog()
     if device == "cpu":
@@ -79,9 +79,9 @@ def device_facts(device: str):
 
 def compare(measured, estimated, catalog, gpu, device: str) -> list[dict]:
 
-    from planner.evidence import run_facts
-    from planner.overheads import workspace_allocated_bytes, workspace_bytes
-    from planner.timing import throughput, update_time
+    from planner.decisions.evidence import run_facts
+    from planner.models.overheads import workspace_allocated_bytes, workspace_bytes
+    from planner.models.timing import throughput, update_time
 
     class Ev:  # the evidence shape timing.throughput reads: one run's facts
         def __init__(self, facts):
@@ -147,7 +147,7 @@ sys.path.insert(0, {root!r})
 import torch
 torch.cuda.memory._record_memory_history(max_entries=2_000_000)
 from planner.records import ProbeConfig
-from planner.allocator import replay_cuda_trace
+from planner.models.allocator import replay_cuda_trace
 from probes.pilot import Pilot
 cfg = ProbeConfig(**{cfg!r})
 Pilot(cfg, {tmp!r}, lambda k, x: None, "r-trace", "p").run(("setup", "first_step", "steady", "eval"))

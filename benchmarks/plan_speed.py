@@ -19,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.campaign import load_campaign_text  # noqa: E402
-from planner.catalog import load_catalog  # noqa: E402
+from planner.inputs.campaign_spec import load_campaign_text  # noqa: E402
+from planner.inputs.catalog import load_catalog  # noqa: E402
 from planner.ledger import read_lines  # noqa: E402
-from planner.planning import make_plan  # noqa: E402
+from planner.decisions.pipeline import make_plan  # noqa: E402
 from tests.factories import campaign_yaml, standard_ledger  # noqa: E402
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner.grid import GridSpec, build_grid  # noqa: E402
+from planner.inputs.grid import GridSpec, build_grid  # noqa: E402
 from planner.ledger import read_lines  # noqa: E402
 
 PARAMS = {"layers": 4, "d_model": 256, "heads": 4, "vocab": 8192}

@@ -19,11 +19,11 @@ import pandas as pd
 
 from planner import __version__
 from planner.errors import InputError, RentplanError
-from planner.grid import (GridSpec, build_grid, checked_count, checked_timeout, parse_list, parse_params, positive_int,
+from planner.inputs.grid import (GridSpec, build_grid, checked_count, checked_timeout, parse_list, parse_params, positive_int,
                           resolve_cap, resolve_device, resolve_targets, spec_from_options)
 from planner.ledger import Ledger, export_frame, read_lines
 from planner.records import PHASES
-from planner.tables import FORMATS, lines_view, plans_view, render, selection_view
+from planner.outputs.tables import FORMATS, lines_view, plans_view, render, selection_view
 
 
 def progress(msg: str) -> None:
@@ -332,7 +332,7 @@ def catalog_path_option(fn):
 @friendly_errors
 def catalog_list(catalog_path, fmt):
     """One row per GPU: memory, speed, features, cheapest offer."""
-    from planner.catalog import load_catalog
+    from planner.inputs.catalog import load_catalog
 
     cat = load_catalog(catalog_path)
     offers = cat.offers_frame()
@@ -360,7 +360,7 @@ def catalog_show(gpu_id, catalog_path, fmt):
     """One GPU's specs, sources and every offer."""
     from dataclasses import asdict
 
-    from planner.catalog import load_catalog
+    from planner.inputs.catalog import load_catalog
 
     cat = load_catalog(catalog_path)
     g = cat.gpu(gpu_id)
@@ -380,7 +380,7 @@ def catalog_show(gpu_id, catalog_path, fmt):
 @friendly_errors
 def catalog_validate(path):
     """Check a catalog file; every problem is listed at once."""
-    from planner.catalog import load_catalog
+    from planner.inputs.catalog import load_catalog
 
     cat = load_catalog(path)
     click.echo(f"OK: {cat.source}: {len(cat.gpus)} GPUs, {len(cat.offers)} offers.")
@@ -399,7 +399,7 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
     """Import offers from a SkyPilot vms.csv (prices per instance; GPU memory from this catalog)."""
     import yaml
 
-    from planner.catalog import default_catalog_path, import_skypilot, load_catalog, merged_catalog_text
+    from planner.inputs.catalog import default_catalog_path, import_skypilot, load_catalog, merged_catalog_text
 
     import datetime as dt
 
@@ -419,9 +419,9 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
     text, note = merged_catalog_text(src.read_text(encoding="utf-8"), offers, str(src))
     if note:
         progress(f"note: {note}")
-    from planner.catalog import parse_catalog
-    from planner.render import atomic_write
-    from planner.yamlsafe import MAX_CATALOG_BYTES, load_yaml_text
+    from planner.inputs.catalog import parse_catalog
+    from planner.outputs.render import atomic_write
+    from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, load_yaml_text
 
     parse_catalog(load_yaml_text(text, str(out_path), MAX_CATALOG_BYTES), str(out_path))  # the merged catalog validates first ...
     try:
@@ -445,13 +445,13 @@ def parse_days(text: str) -> list[int]:
 
 
 def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt):
-    from planner.campaign import load_campaign
-    from planner.catalog import load_catalog
-    from planner.orders import local_order, offer_order
-    from planner.planning import make_plan, recommend
-    from planner.render import write_outputs
+    from planner.inputs.campaign_spec import load_campaign
+    from planner.inputs.catalog import load_catalog
+    from planner.outputs.orders import local_order, offer_order
+    from planner.decisions.pipeline import make_plan, recommend
+    from planner.outputs.render import write_outputs
 
-    from planner.select import observed_times
+    from planner.decisions.select import observed_times
 
     campaign = load_campaign(campaign_path)
     catalog = load_catalog(catalog_path)
@@ -548,7 +548,7 @@ def demo(ledger_path, out, device):
     plan for a 1.3 B-parameter learning-rate sweep sized by estimate for each GPU, and its order sheet.
 
     Example: rentplan demo --out rentplan-out"""
-    from planner.campaign import load_campaign
+    from planner.inputs.campaign_spec import load_campaign
 
     campaign_path = example_campaign_path(DEMO_CAMPAIGN)
     campaign = load_campaign(campaign_path)
@@ -625,7 +625,7 @@ def verify(order_path, ledger_path, skip_pilot):
 @friendly_errors
 def batch(micro_batch, grad_accum, replicas, examples, seq_len, drop_last, compare, hold, updates, fmt):
     """Batch arithmetic: examples and tokens per update, updates per pass, the last partial batch."""
-    from planner.batching import batch_plan, compare_settings
+    from planner.tools.batching import batch_plan, compare_settings
 
     if compare:
         df = compare_settings(micro_batch, grad_accum, replicas, compare, hold, examples, updates, seq_len)
@@ -741,7 +741,7 @@ def resume_check(workload, params, updates, at, at_micro, grad_accum, micro_batc
 @friendly_errors
 def split(data, by, time_col, gap, ratios, seed, out, check, fmt):
     """Leakage-safe splits by group (and time), or --check existing splits for shared groups and duplicates."""
-    from planner.splits import check_splits, parse_ratios, read_table, split_frame, write_table
+    from planner.tools.splits import check_splits, parse_ratios, read_table, split_frame, write_table
 
     if check:
         if len(data) not in (2, 3):
@@ -801,7 +801,7 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
     run lr-comparison.yaml --strategy ddp"""
     import dataclasses as dc
 
-    from planner.campaign import load_campaign
+    from planner.inputs.campaign_spec import load_campaign
     from probes.campaign import device_start_up, run_variant
     from probes.distributed import torchrun_world
 
@@ -872,7 +872,7 @@ def campaign_report(ledger_path, name, price_per_hour, out, show_predictions, fm
 
     Example: rentplan campaign report --ledger rentplan.db --predictions
     """
-    from planner.report import campaign_frames, conclusion, run_table, variant_table, write_campaign_report
+    from planner.outputs.report import campaign_frames, conclusion, run_table, variant_table, write_campaign_report
 
     runs, events, metrics, notes = campaign_frames(ledger_path, name)
     table = run_table(runs, events, metrics)
@@ -909,7 +909,7 @@ def campaign_finish(run_id, ledger_path, out):
     from probes.campaign import finish_check
     from probes.runner import call_in_worker
 
-    from planner.archive import campaign_run_row, recorded_sha256_lookup, sha256
+    from planner.tools.archive import campaign_run_row, recorded_sha256_lookup, sha256
 
     run = campaign_run_row(ledger_path, run_id)
     run_dir = Path(out) / run_id
@@ -941,7 +941,7 @@ def campaign_finish(run_id, ledger_path, out):
 @friendly_errors
 def archive(target, folder, dest, ledger_path, out):
     """`archive RUN --to DIR` writes a verifiable archive; `archive verify DIR` checks one."""
-    from planner.archive import archive_run, recorded_sha256_lookup, verify_archive
+    from planner.tools.archive import archive_run, recorded_sha256_lookup, verify_archive
 
     if target == "verify":
         if not folder:

@@ -135,7 +135,7 @@ class Line:
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     # CPU lines and estimates: the reserved peak a CUDA GPU's caching allocator would show for this phase's
-    # allocations, from a model of it (planner/allocator.py). Never a device counter: measured reserved is above.
+    # allocations, from a model of it (planner/models/allocator.py). Never a device counter: measured reserved is above.
     simulated_reserved_bytes: int | None = None
     device_used_bytes: int | None = None  # CUDA: driver-level use (mem_get_info); CPU: peak RSS
     context_bytes: int | None = None  # CUDA context and other memory outside the allocator

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from planner.archive import sha256
-from planner.campaign import Campaign, Variant, judge_loss, resolve_params, resolve_workload
+from planner.tools.archive import sha256
+from planner.inputs.campaign_spec import Campaign, Variant, judge_loss, resolve_params, resolve_workload
 from planner.ledger import Ledger, new_id
 from planner.records import ProbeConfig
 from probes import checkpoint

@@ -1,7 +1,7 @@
 """Estimates run the kernels the target GPU runs, on the CPU build of torch, under fake tensors.
 
 Three differences between the CPU build's kernels and a CUDA GPU's change what a training step keeps:
-1. Attention. CUDA runs flash or memory-efficient attention (planner/kernels.py has the rule); they save
+1. Attention. CUDA runs flash or memory-efficient attention (planner/models/kernels.py has the rule); they save
    the output, its logsumexp and the RNG state. In training with dropout the CPU build falls back to the
    math path, which saves the S × S attention and its dropout mask. Here F.scaled_dot_product_attention is
    routed to aten._scaled_dot_product_flash_attention / _efficient_attention, whose fake implementations
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from planner.kernels import REPRESENTATIVE_SM, attention_backend
+from planner.models.kernels import REPRESENTATIVE_SM, attention_backend
 
 aten = torch.ops.aten
 

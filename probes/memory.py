@@ -26,7 +26,7 @@ class LiveTensorTracker(TorchDispatchMode):
     def __init__(self, cap_bytes: int | None = None, track_resizes: bool = False, allocator=None):
         super().__init__()
         self.cap_bytes = cap_bytes
-        # A model of CUDA's caching allocator (planner/allocator.py) fed every storage as it comes and goes:
+        # A model of CUDA's caching allocator (planner/models/allocator.py) fed every storage as it comes and goes:
         # the reserved bytes a CUDA GPU would hold for the same allocations. It holds no tensor, only sizes.
         self.allocator = allocator
         self.live = 0

@@ -285,7 +285,7 @@ class PhaseRecorder:
 
     def _census_key(self) -> str:
         if self.meter.cuda:
-            from planner.kernels import kernel_target
+            from planner.models.kernels import kernel_target
 
             major, minor = torch.cuda.get_device_capability(self.meter.device)
             return kernel_target(f"{major}.{minor}")

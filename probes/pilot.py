@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from planner.records import Line, ProbeConfig, Verdict
-from planner.kernels import TARGETS, kernel_target
+from planner.models.kernels import TARGETS, kernel_target
 from probes.census import OpCensus, census, census_fields
 from probes.kernels import target_kernels
 from probes import checkpoint
@@ -37,7 +37,7 @@ TRAIN_WORKER_PHASES = ("setup", "first_step", "steady", "eval", "save", "export"
 def cuda_allocator_model():
     """The CUDA caching allocator model, configured as PYTORCH_CUDA_ALLOC_CONF asks (None: an option the model
     does not follow; the line then has no simulated reserved figure)."""
-    from planner.allocator import AllocatorConfig, CachingAllocator
+    from planner.models.allocator import AllocatorConfig, CachingAllocator
 
     try:
         return CachingAllocator(AllocatorConfig.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF")))

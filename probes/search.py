@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from planner.grid import GridSpec, build_grid
+from planner.inputs.grid import GridSpec, build_grid
 from planner.ledger import lines_frame
-from planner.memory_model import build_model, max_micro_batch, max_seq_len
+from planner.models.memory_model import build_model, max_micro_batch, max_seq_len
 from planner.records import Line, ProbeConfig
 from probes.runner import run_grid
 

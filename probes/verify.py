@@ -14,11 +14,11 @@ import tempfile
 
 import torch
 
-from planner.catalog import load_catalog
-from planner.memory_model import phase_bytes
-from planner.orders import load_order
+from planner.inputs.catalog import load_catalog
+from planner.models.memory_model import phase_bytes
+from planner.outputs.orders import load_order
 from planner.records import ProbeConfig
-from planner.timing import match_catalog_gpu
+from planner.models.timing import match_catalog_gpu
 
 MEMORY_TOLERANCE = 0.10  # the pilot's need may exceed the planned need by this much before we refuse
 SLOW_TOLERANCE = 1.5  # ... and its update time the slow end of the range by this factor

@@ -1,11 +1,11 @@
 """The CUDA caching allocator model against reserved peaks counted by hand, one rule per trace (no torch).
 
 Each expected figure is worked out from the rule it names (c10/cuda/CUDACachingAllocator.cpp, see
-planner/allocator.py), not read back from the model."""
+planner/models/allocator.py), not read back from the model."""
 
 import pytest
 
-from planner.allocator import AllocatorConfig, CachingAllocator, SimulatedOOM, replay
+from planner.models.allocator import AllocatorConfig, CachingAllocator, SimulatedOOM, replay
 
 MiB = 1 << 20
 
@@ -138,7 +138,7 @@ def test_unknown_options_are_refused_not_guessed():
 def test_a_cuda_memory_history_replays_beside_its_own_segments():
     """The shape torch.cuda.memory._snapshot() gives (device_traces): the model sees allocs and frees; the real
     reserved figure comes from the segment actions of the same trace."""
-    from planner.allocator import replay_cuda_trace
+    from planner.models.allocator import replay_cuda_trace
 
     trace = [{"action": "segment_alloc", "addr": 0, "size": 20 * MiB, "stream": 0},
              {"action": "alloc", "addr": 0, "size": 3 * MiB, "stream": 0},

@@ -130,7 +130,7 @@ def test_temporary_checkpoints_of_a_killed_run_are_cleaned_by_the_next(tmp_path,
     pytest.importorskip("torch")
     import tempfile
 
-    from planner.grid import GridSpec, build_grid
+    from planner.inputs.grid import GridSpec, build_grid
     from probes.runner import run_grid
 
     dead = 2**22 + 4321  # above pid_max: no such process
@@ -220,7 +220,7 @@ def test_integrity_attacks(run_dir, tmp_path):
     k = next(iter(w))
     w[k] = w[k] + 1
     save_file(w, str(forged / "model.safetensors"))
-    from planner.archive import sha256
+    from planner.tools.archive import sha256
 
     m = json.loads((forged / "manifest.json").read_text())
     m["files"]["model.safetensors"]["sha256"] = sha256(forged / "model.safetensors")
@@ -237,7 +237,7 @@ def test_integrity_attacks(run_dir, tmp_path):
 @pytest.mark.slow
 def test_a_claimed_configuration_is_skipped_by_a_second_probe(tmp_path):
     pytest.importorskip("torch")
-    from planner.grid import GridSpec, build_grid
+    from planner.inputs.grid import GridSpec, build_grid
     from planner.ledger import Ledger
     from probes.runner import run_grid
 

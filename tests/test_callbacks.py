@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import cli
-from planner.evidence import run_facts
+from planner.decisions.evidence import run_facts
 from planner.ledger import read_lines
 
 torch = pytest.importorskip("torch")

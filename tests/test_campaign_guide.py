@@ -108,7 +108,7 @@ variants:
 
 
 def test_the_example_spec_of_memory_fixes_is_valid():
-    from planner.campaign import load_campaign
+    from planner.inputs.campaign_spec import load_campaign
     from planner.cli import example_campaign_path
 
     camp = load_campaign(example_campaign_path("memory-fixes.yaml"))

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from planner.grid import GridSpec
+from planner.inputs.grid import GridSpec
 from planner.ledger import read_lines
-from planner.memory_model import build_model
+from planner.models.memory_model import build_model
 from planner.records import PHASES, ProbeConfig
 from tests.conftest import ROOT, WORKLOADS
 

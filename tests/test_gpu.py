@@ -47,7 +47,7 @@ def test_cap_below_need_is_oom_and_next_config_starts_clean(ledger_path):
 
 
 def test_estimated_memory_model_predicts_a_held_out_cuda_config(ledger_path):
-    from planner.memory_model import build_model
+    from planner.models.memory_model import build_model
     from probes.runner import run_grid
 
     grid = [cfg(micro_batch=mb, seq_len=s, eval_seq_len=s) for mb, s in [(1, 256), (2, 256), (1, 512), (4, 512)]]
@@ -65,7 +65,7 @@ def test_an_estimate_for_this_gpus_kernels_matches_its_measured_allocated_peak(t
     """GPT-2-style attention dropout: the estimate runs flash / fused dropout / CUDA autocast as this GPU does."""
     import torch
 
-    from planner.kernels import kernel_target
+    from planner.models.kernels import kernel_target
     from probes.runner import run_grid
 
     params = {"layers": 2, "d_model": 256, "heads": 4, "vocab": 8192, "dropout": 0.1}
@@ -77,7 +77,7 @@ def test_an_estimate_for_this_gpus_kernels_matches_its_measured_allocated_peak(t
     run_grid([ProbeConfig(device="cuda", **base)], measured, progress=lambda m: None)
     run_grid([ProbeConfig(mode="estimated", target=target, **base)], estimated, progress=lambda m: None)
     m, e = (read_lines(p).set_index("phase") for p in (measured, estimated))
-    from planner.overheads import workspace_allocated_bytes
+    from planner.models.overheads import workspace_allocated_bytes
 
     ws = workspace_allocated_bytes(f"{major}.{minor}")  # cuBLAS keeps it from the first matmul on
     for phase in PHASES:

@@ -4,7 +4,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from planner.catalog import default_catalog_path
+from planner.inputs.catalog import default_catalog_path
 from planner.cli import cli
 from tests.factories import campaign_yaml, standard_ledger
 
@@ -103,7 +103,7 @@ def test_campaign_problems(tmp_path, edit, fragments):
 
 
 def test_campaign_reads_1e_minus_4_as_a_number(tmp_path):
-    from planner.campaign import load_campaign_text
+    from planner.inputs.campaign_spec import load_campaign_text
 
     text = campaign_yaml().replace("lr: 0.0001", "lr: 1e-4")
     assert "1e-4" in text
@@ -129,8 +129,8 @@ def test_probe_option_errors():
 
 
 def test_probe_grid_file_builds_the_product_and_refuses_unknown_keys(tmp_path):
-    from planner.grid import spec_from_options
-    from planner.grid import build_grid
+    from planner.inputs.grid import spec_from_options
+    from planner.inputs.grid import build_grid
 
     good = write(tmp_path, "g.yaml", "micro_batch: [1, 2]\nseq_len: 64,128\nprecision: [bf16]\n"
                                       "params: {layers: 1}\neffective_batch: 4\n")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from planner.kernels import attention_backend, kernel_target
+from planner.models.kernels import attention_backend, kernel_target
 
 pytest.importorskip("torch")
 import torch  # noqa: E402

@@ -6,12 +6,12 @@ import math
 import pytest
 import yaml
 
-from planner.campaign import load_campaign_text
-from planner.catalog import Offer, load_catalog, parse_catalog
+from planner.inputs.campaign_spec import load_campaign_text
+from planner.inputs.catalog import Offer, load_catalog, parse_catalog
 from planner.errors import CatalogError
 from planner.ledger import read_lines
-from planner.select import NO_FIT, select
-from planner.timing import Throughput, comm_time
+from planner.decisions.select import NO_FIT, select
+from planner.models.timing import Throughput, comm_time
 from tests.factories import GiB, MiB, campaign_yaml, config, pilot_lines, write_ledger
 
 CATALOG = load_catalog()
@@ -132,8 +132,8 @@ def test_catalog_multi_node_offer_must_name_its_network():
 
 
 def test_local_order_is_sized_from_one_process_lines_only(tmp_path):
-    from planner.orders import local_order
-    from planner.planning import make_plan
+    from planner.outputs.orders import local_order
+    from planner.decisions.pipeline import make_plan
 
     camp = load_campaign_text(campaign_yaml(), "t")
     # a larger configuration than any one-process line, far below their memory: it must not be taken

@@ -8,15 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.batching import accumulation_for, batch_plan
-from planner.campaign import load_campaign_text
-from planner.catalog import load_catalog
+from planner.tools.batching import accumulation_for, batch_plan
+from planner.inputs.campaign_spec import load_campaign_text
+from planner.inputs.catalog import load_catalog
 from planner.errors import InputError, NoFeasibleGpu
 from planner.ledger import read_lines
-from planner.memory_model import Point, fit_phase
-from planner.plans import Item, objective, pack
-from planner.planning import make_plan
-from planner.select import FITS, NO_FIT, TIGHT, fit_verdict
+from planner.models.memory_model import Point, fit_phase
+from planner.decisions.plans import Item, objective, pack
+from planner.decisions.pipeline import make_plan
+from planner.decisions.select import FITS, NO_FIT, TIGHT, fit_verdict
 from tests.factories import GiB, MiB, campaign_yaml, standard_ledger
 
 L4_USABLE = int(22.49 * GiB)
@@ -74,7 +74,7 @@ def test_packing_equals_brute_force(raw, capacity):
 @given(st.lists(st.tuples(st.floats(0.1, 5.0), st.floats(1.0, 12.0)), min_size=2, max_size=6), st.integers(1, 12))
 def test_cheapest_offer_equals_brute_force(offers, hours_needed):
     """The plan's marked offer is the cheapest among offers completing priority 1 (brute force over offers)."""
-    from planner.plans import plan_windows
+    from planner.decisions.plans import plan_windows
 
     camp = load_campaign_text(campaign_yaml(setup_hours=0), "t")
     sheet = pd.DataFrame([{"offer": f"o{i}", "gpu": "g", "provider": "p", "strategy": "single", "verdict": FITS,
@@ -138,10 +138,10 @@ def test_sheet_sized_per_shape_equals_offer_by_offer(tmp_path):
     be what sizing that very offer gives, priced as price × max(campaign hours, its billing minimum)."""
     import math
 
-    from planner.campaign import load_campaign_text
-    from planner.catalog import load_catalog
+    from planner.inputs.campaign_spec import load_campaign_text
+    from planner.inputs.catalog import load_catalog
     from planner.ledger import read_lines
-    from planner.select import Families, family_lines, select, sized_row
+    from planner.decisions.select import Families, family_lines, select, sized_row
     from tests.factories import campaign_yaml, standard_ledger
 
     lines = read_lines(standard_ledger(tmp_path / "l.db"))

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.campaign import load_campaign_text
-from planner.catalog import load_catalog
+from planner.inputs.campaign_spec import load_campaign_text
+from planner.inputs.catalog import load_catalog
 from planner.ledger import Ledger, read_lines
-from planner.orders import local_order
-from planner.planning import make_plan
+from planner.outputs.orders import local_order
+from planner.decisions.pipeline import make_plan
 from planner.records import LINE_FIELDS, Line, ProbeConfig
 from tests.conftest import WORKLOADS
 from tests.factories import campaign_yaml, config, pilot_lines
@@ -62,7 +62,7 @@ def test_fixtures_put_each_field_on_the_phase_the_pilot_writes_it(real_ledger):
 
 def test_demo_ddp_counts_the_measured_gradients_and_is_not_recommended_when_slower(real_ledger):
     """User: `rentplan demo` recommended vast-rtx_3090-2x (DDP × 2) with a 0.0 ms all-reduce."""
-    from planner.evidence import run_facts
+    from planner.decisions.evidence import run_facts
 
     lines = read_lines(real_ledger)
     facts = run_facts(lines)

@@ -1,12 +1,12 @@
-"""The per-op time model (planner/roofline.py) by hand, and plans made from estimates (census, reserved)."""
+"""The per-op time model (planner/models/roofline.py) by hand, and plans made from estimates (census, reserved)."""
 
 import json
 import math
 
 import pytest
 
-from planner.catalog import load_catalog
-from planner.roofline import FAST, POINT, SLOW, Census, update_seconds
+from planner.inputs.catalog import load_catalog
+from planner.models.roofline import FAST, POINT, SLOW, Census, update_seconds
 
 CATALOG = load_catalog()
 H100 = CATALOG.gpu("h100_sxm")
@@ -77,7 +77,7 @@ def estimated(tmp_path_factory):
 @pytest.mark.slow
 def test_fp32_on_an_h100_is_planned_slower_than_bf16_by_about_their_peaks(estimated):
     from planner.ledger import read_lines
-    from planner.planning import make_plan
+    from planner.decisions.pipeline import make_plan
     from tests.test_recommendations import campaign
 
     lines = read_lines(estimated)
@@ -95,7 +95,7 @@ def test_fp32_on_an_h100_is_planned_slower_than_bf16_by_about_their_peaks(estima
 
 def test_estimated_lines_carry_simulated_reserved_and_the_need_says_so(estimated):
     from planner.ledger import read_lines
-    from planner.planning import make_plan
+    from planner.decisions.pipeline import make_plan
     from tests.test_recommendations import campaign
 
     lines = read_lines(estimated)

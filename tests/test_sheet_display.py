@@ -2,11 +2,11 @@
 
 import pytest
 
-from planner.campaign import load_campaign_text
-from planner.catalog import load_catalog
+from planner.inputs.campaign_spec import load_campaign_text
+from planner.inputs.catalog import load_catalog
 from planner.ledger import read_lines
-from planner.planning import make_plan
-from planner.render import sheet_rows
+from planner.decisions.pipeline import make_plan
+from planner.outputs.render import sheet_rows
 from planner.units import fmt_hours, fmt_usd
 from tests.factories import MiB, campaign_yaml, config, pilot_lines, write_ledger
 
@@ -37,7 +37,7 @@ def test_search_limits_are_never_shown_as_a_gpus_capacity(tiny_plan):
 
 
 def test_extrapolated_needs_carry_their_star_in_every_output(tiny_plan, tmp_path):
-    from planner.render import write_outputs
+    from planner.outputs.render import write_outputs
 
     sheet = tiny_plan.sheet
     assert sheet["need_extrapolated"].any()  # micro-batch 16 from points at 1 and 2
@@ -54,7 +54,7 @@ def test_extrapolated_needs_carry_their_star_in_every_output(tiny_plan, tmp_path
 def test_the_html_sheet_has_every_row_of_the_markdown_one(tiny_plan, tmp_path):
     import re
 
-    from planner.render import write_outputs
+    from planner.outputs.render import write_outputs
 
     camp = load_campaign_text(campaign_yaml(seq_len=128, eval={"every_updates": 50, "examples": 64, "seq_len": 128}),
                               "t")
@@ -77,7 +77,7 @@ def _boxes(fig):
 
 
 def test_memory_picture_shows_the_planned_shape_first_and_hides_nothing(tiny_plan):
-    from planner.figures import memory_figure
+    from planner.outputs.figures import memory_figure
 
     fig, caption = memory_figure(tiny_plan.lines, tiny_plan.sheet)
     renderer = _boxes(fig)
@@ -95,7 +95,7 @@ def test_memory_picture_shows_the_planned_shape_first_and_hides_nothing(tiny_pla
 
 
 def test_no_cost_picture_when_every_window_costs_the_same(tiny_plan):
-    from planner.figures import cost_figure
+    from planner.outputs.figures import cost_figure
 
     assert cost_figure(tiny_plan.plans) is None  # a tiny campaign: every window runs everything once
     plans = tiny_plan.plans.copy()
@@ -104,7 +104,7 @@ def test_no_cost_picture_when_every_window_costs_the_same(tiny_plan):
 
 
 def test_max_micro_batch_picture_marks_search_limits(tiny_plan):
-    from planner.figures import max_mb_figure
+    from planner.outputs.figures import max_mb_figure
 
     fig, caption = max_mb_figure(tiny_plan.sheet)
     assert any("search limit" in t.get_text() for t in fig.axes[0].texts)

@@ -12,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from planner.cli import cli
-from planner.skypilot import disk_gb, sky_task
+from planner.outputs.skypilot import disk_gb, sky_task
 from tests.factories import campaign_yaml, standard_ledger
 
 ROOT = Path(__file__).resolve().parents[1]

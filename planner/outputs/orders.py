@@ -16,7 +16,7 @@ import pandas as pd
 
 from planner.errors import InputError
 from planner.records import OPTIMIZERS, PRECISIONS
-from planner.yamlsafe import Problems
+from planner.inputs.yamlsafe import Problems
 
 FORMAT = "rentplan-order/1"
 DEVICE_KINDS = ("cuda", "rocm", "cpu")
@@ -94,9 +94,9 @@ def local_order(campaign, result, headroom: float) -> dict:
     """The order for the machine the pilot ran on (CPU), as an offer of its own at the campaign's shape (its
     effective batch, seq_len and evaluation): what `rentplan verify` checks against locally. Times come from
     this machine's own lines, scaled by tokens."""
-    from planner.batching import largest_micro_batch
+    from planner.tools.batching import largest_micro_batch
     from planner.errors import LedgerError
-    from planner.memory_model import max_micro_batch
+    from planner.models.memory_model import max_micro_batch
 
     fam = result.families.get(campaign.precision)
     local = fam.facts[(fam.facts["mode"] == "measured") & fam.facts["update_s"].notna()] if fam else None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from planner.errors import CampaignError
 from planner.records import canonical_precision, OPTIMIZERS, PRECISIONS
-from planner.yamlsafe import Problems, load_yaml_file, load_yaml_text
+from planner.inputs.yamlsafe import Problems, load_yaml_file, load_yaml_text
 
 TOP_KEYS = {"name", "workload", "params", "seq_len", "effective_batch", "updates", "eval", "export", "setup_hours",
             "stop_if", "variants", "precision", "optimizer", "checkpointing", "budget_usd", "compare", "micro_batch", "lr", "diverge_above", "quality_target"}

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.campaign import Campaign
-from planner.select import NO_FIT
+from planner.inputs.campaign_spec import Campaign
+from planner.decisions.select import NO_FIT
 
 EPS = 1e-9
 PER_OFFER = 15  # offers in the budget review's table
@@ -94,7 +94,7 @@ def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd
 
 
 def recommend(sheet: pd.DataFrame) -> pd.Series | None:
-    """The row the selection marked as recommended (planner/select.py: recommended_index)."""
+    """The row the selection marked as recommended (planner/decisions/select.py: recommended_index)."""
     rec = sheet[sheet["recommended"]] if "recommended" in sheet else sheet.iloc[0:0]
     return None if rec.empty else rec.iloc[0]
 

@@ -12,7 +12,7 @@ import io
 
 import pandas as pd
 
-from planner.memory_model import MB_LIMIT
+from planner.models.memory_model import MB_LIMIT
 from planner.records import PHASES
 from planner.units import MiB
 

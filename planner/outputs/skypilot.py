@@ -114,9 +114,9 @@ def torch_pin(versions: list[str]) -> str:
 
 def rentplan_source() -> str | None:
     """The folder of this rentplan's source when it is a checkout (pyproject.toml beside planner/)."""
-    from pathlib import Path
+    from planner import PACKAGE_DIR
 
-    root = Path(__file__).resolve().parent.parent
+    root = PACKAGE_DIR.parent
     return str(root) if (root / "pyproject.toml").exists() else None
 
 

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.batching import largest_micro_batch
-from planner.campaign import Campaign
-from planner.catalog import Catalog, Gpu, Offer
+from planner.tools.batching import largest_micro_batch
+from planner.inputs.campaign_spec import Campaign
+from planner.inputs.catalog import Catalog, Gpu, Offer
 from planner.errors import LedgerError, NoFeasibleGpu
-from planner.evidence import Evidence, choose, run_facts
-from planner.kernels import kernel_target
-from planner.memory_model import MemoryModel, Need, allocated_factor, build_model, max_micro_batch, max_seq_len
-from planner.overheads import NCCL_BYTES, workspace_bytes
-from planner.overheads import describe as describe_workspace
-from planner.timing import Throughput, TimeRange, throughput, update_time
+from planner.decisions.evidence import Evidence, choose, run_facts
+from planner.models.kernels import kernel_target
+from planner.models.memory_model import MemoryModel, Need, allocated_factor, build_model, max_micro_batch, max_seq_len
+from planner.models.overheads import NCCL_BYTES, workspace_bytes
+from planner.models.overheads import describe as describe_workspace
+from planner.models.timing import Throughput, TimeRange, throughput, update_time
 from planner.units import fmt_bytes, fmt_seconds
 
 FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
@@ -95,7 +95,7 @@ class Family:
 
 
 class Families:
-    """The campaign's family, sized per (precision, target) on demand by one rule (planner/evidence.py)."""
+    """The campaign's family, sized per (precision, target) on demand by one rule (planner/decisions/evidence.py)."""
 
     def __init__(self, fam_lines: pd.DataFrame, campaign: Campaign, fragmentation: float):
         self.lines, self.campaign, self.fragmentation = fam_lines, campaign, fragmentation
@@ -174,7 +174,7 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
                           "See `rentplan ledger show --verdict oom` and probe smaller configurations.")
     seen = {}
     for device, times in (observed or {}).items():
-        from planner.timing import match_catalog_gpu
+        from planner.models.timing import match_catalog_gpu
 
         g = match_catalog_gpu(device, catalog)
         if g is not None:
@@ -363,7 +363,7 @@ def measured_on_cuda(fam: Family) -> bool:
 
 
 def outside_bytes(fam: Family, gpu: Gpu) -> int:
-    """What the traced tensors leave out (planner/overheads.py): BLAS workspaces, already in a CUDA line's peak."""
+    """What the traced tensors leave out (planner/models/overheads.py): BLAS workspaces, already in a CUDA line's peak."""
     return 0 if measured_on_cuda(fam) else workspace_bytes(gpu.compute_capability, gpu.software, gpu.arch)
 
 

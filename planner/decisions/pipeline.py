@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.campaign import Campaign
-from planner.catalog import Catalog
+from planner.inputs.campaign_spec import Campaign
+from planner.inputs.catalog import Catalog
 from planner.errors import InputError
-from planner.plans import budget_review, plan_windows, recommend
-from planner.select import Families, family_lines, require_feasible, select
+from planner.decisions.plans import budget_review, plan_windows, recommend
+from planner.decisions.select import Families, family_lines, require_feasible, select
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Time model: seconds per update on a catalog GPU, a point estimate within a range, with its basis named.
 
 - Measured on a CUDA GPU found in the catalog: the measured update time, moved to the planned shape and to
-  the target GPU by the ratio of the per-op roofline model (planner/roofline.py) between them, evaluated with
+  the target GPU by the ratio of the per-op roofline model (planner/models/roofline.py) between them, evaluated with
   the fast, point and slow fractions (the range spans the three ratios).
 - Otherwise (CPU pilot or estimate), with a census of the update's ops: the per-op roofline model itself,
   with the target GPU's kernels (fast end, point, slow end).
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.catalog import Catalog, Gpu, Offer
-from planner.kernels import kernel_target
-from planner.roofline import FAST, POINT, SLOW, census_for
+from planner.inputs.catalog import Catalog, Gpu, Offer
+from planner.models.kernels import kernel_target
+from planner.models.roofline import FAST, POINT, SLOW, census_for
 
 MFU_RANGE = (0.25, 0.50)
 LAUNCH_S = (5e-6, 10e-6)

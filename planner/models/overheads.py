@@ -7,7 +7,7 @@ line's reserved peak already holds them):
 - cuBLAS workspace, one per (handle, stream), allocated through the caching allocator at the first matmul
   and kept: CUBLAS_WORKSPACE_CONFIG's default ":4096:2:16:8" = 8,519,680 bytes, 32 MiB on sm90
   (aten/src/ATen/cuda/CublasHandlePool.cpp @ 26a39059: parseChosenWorkspaceSize). A request under 10 MiB
-  takes a 20 MiB segment (planner/allocator.py), so it reserves 20 MiB; 32 MiB reserves 32 MiB.
+  takes a 20 MiB segment (planner/models/allocator.py), so it reserves 20 MiB; 32 MiB reserves 32 MiB.
 - cuBLASLt workspace: 1 MiB by default (parseCUDABlasLtWorkspaceSize), a 2 MiB small-pool segment.
 - ROCm: hipBLAS 32 MiB (128 MiB on gfx94x/gfx95x, MI300X) and hipBLASLt 76 MiB, same file.
 - NCCL buffers, for DDP and FSDP only (outside PyTorch's allocator): 1.6 GB per process after an all-reduce
@@ -17,7 +17,7 @@ line's reserved peak already holds them):
 
 from __future__ import annotations
 
-from planner.allocator import SMALL_BUFFER, allocation_size
+from planner.models.allocator import SMALL_BUFFER, allocation_size
 
 MiB = 1 << 20
 CUBLAS_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from planner import PACKAGE_DIR
 from planner.errors import CatalogError, InputError
 from planner.units import GiB
-from planner.yamlsafe import MAX_CATALOG_BYTES, Problems, load_yaml_file
+from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, Problems, load_yaml_file
 
 GPU_KEYS = {"id", "name", "vendor", "arch", "compute_capability", "memory_gb_marketed", "memory_gib_usable",
             "mem_bandwidth_tbps", "bf16_dense_tflops", "fp16_dense_tflops", "tf32_dense_tflops", "fp32_tflops",
@@ -137,8 +138,7 @@ class Catalog:
 
 def default_catalog_path() -> Path:
     """The catalog.yaml of the checkout, else the copy shipped inside the installed package."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "catalog.yaml", here / "catalog.yaml"):
+    for candidate in (PACKAGE_DIR.parent / "catalog.yaml", PACKAGE_DIR / "catalog.yaml"):
         if candidate.is_file():
             return candidate
     raise CatalogError("no bundled catalog.yaml found; pass --catalog PATH.")
@@ -381,7 +381,7 @@ def merged_catalog_text(text: str, offers: list[dict], source: str) -> tuple[str
     the last key (its comments are kept), else the whole document written out again (comments lost: the note says so)."""
     import yaml
 
-    from planner.yamlsafe import MAX_CATALOG_BYTES, load_yaml_text
+    from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, load_yaml_text
 
     data = load_yaml_text(text, source, MAX_CATALOG_BYTES)
     before = len(data.get("offers") or [])

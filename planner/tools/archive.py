@@ -130,7 +130,7 @@ def _files(dest: Path) -> list[str]:
 def recorded_sha256_lookup(ledger_path: str):
     """run_id -> the model sha256 the ledger recorded when that run finished (None when the ledger is absent,
     not a ledger, or has no such run): the basis that a recomputed manifest cannot fake."""
-    from planner.archive import recorded_model_sha256
+    from planner.tools.archive import recorded_model_sha256
     from planner.errors import LedgerError
 
     def lookup(run_id: str) -> str | None:
@@ -159,8 +159,8 @@ def archive_run(ledger_path: str, run_id: str, dest: Path, runs_dir: Path) -> li
     """`rentplan archive RUN --to DEST`: the run's rows from every campaign table, its files from runs_dir, a
     README and a manifest, written to dest; returns the files' names."""
     from planner import __version__
-    from planner.render import render_template
-    from planner.report import campaign_frames, run_table
+    from planner.outputs.render import render_template
+    from planner.outputs.report import campaign_frames, run_table
 
     target = run_id
     run = campaign_run_row(ledger_path, target)

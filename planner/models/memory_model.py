@@ -153,7 +153,7 @@ def _column(df: pd.DataFrame, name: str) -> pd.Series:
 
 def phase_bytes(df: pd.DataFrame, fragmentation: float) -> pd.Series:
     """The need rule, the one place it is written: reserved where a CUDA device measured it; else the reserved
-    peak simulated by the model of CUDA's caching allocator (planner/allocator.py) from the run's own
+    peak simulated by the model of CUDA's caching allocator (planner/models/allocator.py) from the run's own
     allocations; else, for lines written before that model existed, allocated × a flat fragmentation factor
     (the basis then says so). Allocated and reserved are never added."""
     reserved, simulated = _column(df, "peak_reserved_bytes"), _column(df, "simulated_reserved_bytes")
@@ -203,7 +203,7 @@ def build_model(lines: pd.DataFrame, fragmentation: float) -> MemoryModel | None
     if ok["peak_reserved_bytes"].notna().all():
         basis = f"reserved peak, {'/'.join(modes)} on {', '.join(names) or ', '.join(devices)}"
     elif has_reserved(ok).all():
-        basis = (f"reserved peak simulated by a model of CUDA's caching allocator (planner/allocator.py) replaying "
+        basis = (f"reserved peak simulated by a model of CUDA's caching allocator (planner/models/allocator.py) replaying "
                  f"the allocations, {'/'.join(modes)} on {where}")
     else:
         basis = (f"allocated peak × {fragmentation:g} (flat factor: these lines carry no reserved figure and no "

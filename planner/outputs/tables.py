@@ -70,7 +70,7 @@ def lines_view(df: pd.DataFrame, fmt: str) -> pd.DataFrame:
 def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.DataFrame:
     if fmt in ("csv", "json"):
         return sheet
-    from planner.render import sheet_rows
+    from planner.outputs.render import sheet_rows
 
     rows = pd.DataFrame(sheet_rows(sheet.head(limit) if limit else sheet))
     return rows.drop(columns=["as_of", "notes", "gpu", "provider", "strategy_why"], errors="ignore")
@@ -79,6 +79,6 @@ def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.
 def plans_view(plans: pd.DataFrame, fmt: str) -> pd.DataFrame:
     if fmt in ("csv", "json"):
         return plans
-    from planner.render import plan_rows
+    from planner.outputs.render import plan_rows
 
     return pd.DataFrame(plan_rows(plans, limit_per_window=3))

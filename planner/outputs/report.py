@@ -279,7 +279,7 @@ def write_campaign_report(out: Path, runs, table, variants, metrics, notes, said
     variants = variants.drop(columns=["outcome", "all_finished"], errors="ignore")
     from datetime import datetime, timezone
 
-    from planner.render import atomic_write, render_template
+    from planner.outputs.render import atomic_write, render_template
     
     out.mkdir(parents=True, exist_ok=True)
     svg = curves_figure(runs, metrics, "svg").decode()

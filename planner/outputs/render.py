@@ -16,12 +16,12 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from planner import __version__
-from planner.campaign import Campaign
-from planner.catalog import Catalog
-from planner.orders import provenance, stack_for
-from planner.plans import recommend
-from planner.select import NO_FIT
+from planner import PACKAGE_DIR, __version__
+from planner.inputs.campaign_spec import Campaign
+from planner.inputs.catalog import Catalog
+from planner.outputs.orders import provenance, stack_for
+from planner.decisions.plans import recommend
+from planner.decisions.select import NO_FIT
 from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
 
 _ENV: jinja2.Environment | None = None
@@ -29,8 +29,7 @@ _ENV: jinja2.Environment | None = None
 
 def template_dir() -> Path:
     """templates/ of the checkout, else the copy shipped inside the installed package."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "templates", here / "templates"):
+    for candidate in (PACKAGE_DIR.parent / "templates", PACKAGE_DIR / "templates"):
         if (candidate / "order_sheet.md.j2").is_file():
             return candidate
     raise FileNotFoundError("rentplan templates not found (reinstall the package)")
@@ -123,7 +122,7 @@ def time_text(r) -> str:
 
 
 def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
-    from planner.memory_model import MB_LIMIT, SEQ_LIMIT
+    from planner.models.memory_model import MB_LIMIT, SEQ_LIMIT
 
     out = []
     for _, r in sheet.iterrows():
@@ -261,7 +260,7 @@ def base_note(params: dict) -> str:
 def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, budget: dict,
                   lines: pd.DataFrame, catalog: Catalog, headroom: float, order: dict | None,
                   spec_path: str | None = None) -> list[Path]:
-    from planner.figures import available, order_sheet_figures
+    from planner.outputs.figures import available, order_sheet_figures
 
     sweep_orphans(out)
     ctx = build_context(campaign, sheet, plans, budget, lines, catalog, headroom)
@@ -277,7 +276,7 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
     if order is not None:
         files["order.json"] = json.dumps(_no_nan(order), indent=2, default=_json_default, allow_nan=False)
         if spec_path is not None and order["offer"]["id"] != "local":
-            from planner.skypilot import order_task
+            from planner.outputs.skypilot import order_task
 
             files["sky.yaml"] = order_task(order, lines, str(out), spec_path)
     written = []

@@ -11,10 +11,10 @@ from typing import Any, Callable
 import yaml
 
 from planner.errors import InputError
-from planner.kernels import TARGETS
+from planner.models.kernels import TARGETS
 from planner.records import canonical_precision, OPTIMIZERS, PRECISIONS, ProbeConfig
 from planner.units import parse_size
-from planner.yamlsafe import Problems, load_yaml_file
+from planner.inputs.yamlsafe import Problems, load_yaml_file
 
 GRID_KEYS = {"workload", "params", "micro_batch", "seq_len", "eval_seq_len", "eval_micro_batch", "precision",
              "checkpointing", "optimizer", "grad_accum", "effective_batch", "steady_updates", "lr", "cap",
@@ -86,7 +86,7 @@ class GridSpec:
     mode: str = "measured"
     strategy: str = "single"
     nproc: int = 1
-    targets: list[str] | None = None  # estimates: kernel targets (planner/kernels.py); None: the CPU's kernels
+    targets: list[str] | None = None  # estimates: kernel targets (planner/models/kernels.py); None: the CPU's kernels
 
 
 def build_grid(spec: GridSpec) -> list[ProbeConfig]:
@@ -192,7 +192,7 @@ def resolve_cap(cap: str | None, catalog_path: str | None) -> tuple[str, int | N
     size = parse_size(cap)
     if size is not None:
         return cap, size
-    from planner.catalog import load_catalog
+    from planner.inputs.catalog import load_catalog
 
     catalog = load_catalog(catalog_path)
     gpu = catalog.gpu(cap)
@@ -250,14 +250,14 @@ def checked_timeout(timeout_s: float) -> float:
 def resolve_targets(text: str, catalog_path: str | None) -> list[str]:
     """--target: kernel targets (sm80+, sm50-75, cpu), catalog GPU ids (their target), or all (every target the
     catalog's GPUs need)."""
-    from planner.kernels import TARGETS, kernel_target
+    from planner.models.kernels import TARGETS, kernel_target
 
     out = []
     for item in parse_list(text, str, "--target"):
         if item in TARGETS:
             out.append(item)
             continue
-        from planner.catalog import load_catalog
+        from planner.inputs.catalog import load_catalog
 
         catalog = load_catalog(catalog_path)
         if item == "all":

@@ -1,0 +1,1 @@
+"""What the user gives: the GPU catalog, the campaign spec, probe grids, and safe YAML reading."""
