@@ -486,7 +486,7 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
         if rec is not None:
             from planner.units import fmt_usd
 
-            click.echo(f"\nRecommended: {rec['offer']} ({rec['gpu']}, {rec['strategy']}, {rec['precision']}, "
+            click.echo(f"\nRecommended: {rec['offer']} ({rec['gpu']}, {rec['strategy_label']}, {rec['precision']}, "
                        f"micro-batch {rec['micro_batch']} × accumulation {rec['grad_accum']}); campaign "
                        f"{fmt_usd(rec['campaign_cost_usd_low'])}–{fmt_usd(rec['campaign_cost_usd_high'])}.")
             click.echo(f"Strategy: {rec['strategy_why']}.")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import json
 import os
 import sys
 import sysconfig
@@ -170,7 +169,3 @@ def count_targets(workload, batch: dict) -> int:
         return int(workload.count_targets(batch))
     first = next(iter(batch.values()))
     return int(first.shape[0])
-
-
-def params_json(params: dict[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True)

@@ -64,7 +64,7 @@ def test_ddp_when_replicas_are_faster_single_when_the_all_reduce_eats_the_gain(t
     assert row(heavy, "h100-1x")["strategy"] == "single"
     assert row(heavy, "h100-1x")["strategy_why"] == "one GPU per instance"
     eight = row(heavy, "h100-8x")
-    assert eight["strategy"] == "ddp × 8" and eight["replicas"] == 8
+    assert eight["strategy_label"] == "ddp × 8" and eight["replicas"] == 8
     assert eight["examples_per_update"] == 16 and eight["micro_batch"] * eight["grad_accum"] == 2
     assert "DDP × 8: a replica fits one GPU; 8 replicas:" in eight["strategy_why"]
     assert "all-reduce of the gradients" in eight["time_basis"]
@@ -82,7 +82,7 @@ def test_ddp_need_adds_the_gradient_buckets_where_one_process_has_no_gradients(t
     lines = ledger(tmp_path, trainable=50_000_000, flops=1e15)  # 200 MB of fp32 gradients
     sheet = select(camp, lines, CATALOG, offers=[offer(id="one", gpus=1), offer(id="two", gpus=2)])
     one, two = row(sheet, "one"), row(sheet, "two")
-    assert two["strategy"] == "ddp × 2" and "DDP: + gradient buckets" in two["need_basis"]
+    assert two["strategy_label"] == "ddp × 2" and "DDP: + gradient buckets" in two["need_basis"]
     assert two["need_bytes"] >= one["need_bytes"] - 1  # never below the single-process need
 
 
@@ -99,7 +99,7 @@ def test_fsdp_need_comes_from_fsdp_lines_when_the_ledger_has_them(tmp_path):
     measured = select(camp, ledger(tmp_path / "b", peak=huge, extra=sharded), CATALOG, offers=[offer()])
     d, m = derived.iloc[0], measured.iloc[0]
     assert d["verdict"] == NO_FIT  # the derived estimate (states / 8 + the rest) cannot shed 100 GiB of activations
-    assert m["strategy"] == "fsdp × 8" and m["verdict"] != NO_FIT
+    assert m["strategy_label"] == "fsdp × 8" and m["verdict"] != NO_FIT
     assert m["need_basis"].startswith("per rank from FSDP × 8 lines")
     assert m["need_bytes"] == pytest.approx(1.15 * (20 * GiB + m["micro_batch"] * 256 * 50_000), rel=1e-6)
     assert "do not fit one GPU" in m["strategy_why"] and m["replicas"] == 8
@@ -110,7 +110,7 @@ def test_multi_node_offers_pay_every_node_and_time_the_network(tmp_path):
     lines = ledger(tmp_path, flops=1e15)
     sheet = select(camp, lines, CATALOG, offers=[offer(id="1node"), offer(id="2nodes", nodes=2)])
     one, two = row(sheet, "1node"), row(sheet, "2nodes")
-    assert two["replicas"] == 16 and two["strategy"] == "ddp × 16" and two["nodes"] == 2
+    assert two["replicas"] == 16 and two["strategy_label"] == "ddp × 16" and two["nodes"] == 2
     assert two["price_per_hour_usd"] == 40.0 and one["price_per_hour_usd"] == 20.0
     assert math.isclose(two["campaign_cost_usd_high"], 40.0 * two["campaign_hours_high"])
     assert "InfiniBand NDR 3200 Gb/s between 2 nodes" in two["time_basis"]

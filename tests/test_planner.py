@@ -77,7 +77,7 @@ def test_cheapest_offer_equals_brute_force(offers, hours_needed):
     from planner.decisions.plans import plan_windows
 
     camp = load_campaign_text(campaign_yaml(setup_hours=0), "t")
-    sheet = pd.DataFrame([{"offer": f"o{i}", "gpu": "g", "provider": "p", "strategy": "single", "verdict": FITS,
+    sheet = pd.DataFrame([{"offer": f"o{i}", "gpu": "g", "provider": "p", "strategy": "single", "strategy_label": "single", "verdict": FITS,
                            "variant_hours_low": h / speed, "variant_hours_high": h / speed,
                            "price_per_hour_usd": price, "billing_minimum_hours": 0.0}
                           for i, (price, speed) in enumerate(offers) for h in [hours_needed]])
@@ -128,7 +128,7 @@ def test_fsdp_is_chosen_when_model_states_do_not_fit_one_gpu(tmp_path):
     one = sheet[(sheet["gpu"] == "h100_sxm") & (sheet["gpus_per_instance"] == 1)].iloc[0]
     eight = sheet[(sheet["gpu"] == "h100_sxm") & (sheet["gpus_per_instance"] == 8)].iloc[0]
     assert one["verdict"] == NO_FIT  # 80.5 GiB need on an 80 GiB card
-    assert eight["strategy"] == "fsdp × 8" and eight["verdict"] in (FITS, TIGHT)
+    assert eight["strategy_label"] == "fsdp × 8" and eight["verdict"] in (FITS, TIGHT)
     assert "estimated for FSDP × 8" in eight["need_basis"] and "do not fit one GPU" in eight["strategy_why"]
     assert eight["micro_batch"] * eight["grad_accum"] * eight["replicas"] == 16
 
@@ -141,13 +141,13 @@ def test_sheet_sized_per_shape_equals_offer_by_offer(tmp_path):
     from planner.inputs.campaign_spec import load_campaign_text
     from planner.inputs.catalog import load_catalog
     from planner.ledger import read_lines
-    from planner.decisions.select import Families, family_lines, select, sized_row
+    from planner.decisions.select import CampaignFamily, family_lines, select, sized_row
     from tests.factories import campaign_yaml, standard_ledger
 
     lines = read_lines(standard_ledger(tmp_path / "l.db"))
     campaign = load_campaign_text(campaign_yaml(), "c.yaml")
     catalog = load_catalog(None)
-    fams = Families(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
+    fams = CampaignFamily(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
     sheet = select(campaign, lines, catalog, fams=fams).set_index("offer")
     for o in catalog.offers:
         got = sheet.loc[o.id]

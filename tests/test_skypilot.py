@@ -69,7 +69,8 @@ def test_sky_accepts_the_order(tmp_path, offer, want):
     task = sky_parse(path)
     assert {k: task[k] for k in want} == want
     assert f"rentplan verify {os.path.relpath(path.parent / 'order.json')}" in task["run"]
-    strategy = order["settings"]["strategy"].split()[0]  # the label is e.g. "ddp × 8"
+    strategy = order["settings"]["strategy"]  # single | ddp | fsdp; the label (e.g. "ddp × 8") beside it
+    assert order["settings"]["strategy_label"].startswith(strategy)
     if strategy == "single":
         assert "rentplan campaign run" in task["run"] and "torchrun" not in task["run"]
     else:

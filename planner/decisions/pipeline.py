@@ -10,7 +10,7 @@ from planner.inputs.campaign_spec import Campaign
 from planner.inputs.catalog import Catalog
 from planner.errors import InputError
 from planner.decisions.plans import budget_review, plan_windows, recommend
-from planner.decisions.select import Families, family_lines, require_feasible, select
+from planner.decisions.select import CampaignFamily, family_lines, require_feasible, select
 
 
 @dataclass
@@ -19,7 +19,7 @@ class PlanResult:
     plans: pd.DataFrame
     budget: dict
     lines: pd.DataFrame  # the campaign family's lines
-    families: Families  # the rule that chose which of them size the campaign
+    families: CampaignFamily  # the rule that chose which of them size the campaign
 
 
 def make_plan(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: float = 0.10,
@@ -27,7 +27,7 @@ def make_plan(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroo
     if not 0 <= headroom < 1:
         raise InputError(f"--headroom must be a fraction in [0, 1), got {headroom}.")
     days = days or [3, 7, 30]
-    fams = Families(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
+    fams = CampaignFamily(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
     sheet = select(campaign, lines, catalog, headroom, observed=observed, fams=fams)
     require_feasible(sheet, catalog)
     plans = plan_windows(sheet, campaign, days)

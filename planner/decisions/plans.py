@@ -71,7 +71,7 @@ def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd
         used_lo = (campaign.setup_hours + hours_lo * n).where(n > 0, 0.0)
         frames.append(pd.DataFrame({
             "days": d, "offer": fitting["offer"], "gpu": fitting["gpu"], "provider": fitting["provider"],
-            "strategy": fitting["strategy"], "verdict": fitting["verdict"],
+            "strategy": fitting["strategy"], "strategy_label": fitting["strategy_label"], "verdict": fitting["verdict"],
             "variants_in": hours.map({h: ", ".join(variants[i].id for i in c) for h, c in chosen.items()}),
             "variants_out": hours.map({h: ", ".join(v.id for i, v in enumerate(variants) if i not in c)
                                        for h, c in chosen.items()}),

@@ -76,8 +76,9 @@ def family_lines(lines: pd.DataFrame, campaign: Campaign) -> pd.DataFrame:
 
 
 @dataclass
-class Family:
-    """Models for one precision (and kernel target) of the campaign, from the lines the evidence rule chose."""
+class FamilyModels:
+    """The family's models at one precision (and kernel target), from the lines the evidence rule chose. "Family"
+    itself always means lines: the campaign's workload, parameters, optimizer and checkpointing (family_lines)."""
 
     precision: str
     memory: MemoryModel
@@ -94,7 +95,7 @@ class Family:
         return self.evidence.facts
 
 
-class Families:
+class CampaignFamily:
     """The campaign's family, sized per (precision, target) on demand by one rule (planner/decisions/evidence.py)."""
 
     def __init__(self, fam_lines: pd.DataFrame, campaign: Campaign, fragmentation: float):
@@ -102,17 +103,17 @@ class Families:
         self.facts = run_facts(fam_lines)
         self.seq, self.seq_note = campaign_seq_len(campaign, fam_lines)
         self.micro_batch = campaign.micro_batch or campaign.effective_batch
-        self._cache: dict[tuple, Family | None] = {}
+        self._cache: dict[tuple, FamilyModels | None] = {}
 
-    def exact(self, precision: str, target: str | None = None, world_size: int = 1) -> Family | None:
+    def exact(self, precision: str, target: str | None = None, world_size: int = 1) -> FamilyModels | None:
         key = (precision, target, world_size)
         if key not in self._cache:
             ev = choose(self.lines, self.facts, precision, self.micro_batch, self.seq, target, world_size)
             model = None if ev is None else build_model(ev.lines, self.fragmentation)
-            self._cache[key] = None if model is None else Family(precision, model, throughput(ev), ev)
+            self._cache[key] = None if model is None else FamilyModels(precision, model, throughput(ev), ev)
         return self._cache[key]
 
-    def get(self, precision: str, target: str | None = None) -> Family | None:
+    def get(self, precision: str, target: str | None = None) -> FamilyModels | None:
         """This precision's lines; else bf16/fp16's twin (autocast keeps the same tensors); else any other
         precision's, in a fixed order, saying so."""
         fam = self.exact(precision, target)
@@ -125,7 +126,7 @@ class Families:
             if f is not None:
                 note = f"memory and FLOPs from {other} lines" if other == twin else \
                     f"no {precision} lines: used {other} lines"
-                return Family(precision, f.memory, f.throughput, f.evidence, note=note)
+                return FamilyModels(precision, f.memory, f.throughput, f.evidence, note=note)
         return None
 
     def sharded(self, precision: str, n: int) -> MemoryModel | None:
@@ -161,9 +162,9 @@ def observed_times(runs: pd.DataFrame, metrics: pd.DataFrame, campaign: Campaign
 
 def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: float = 0.10,
            offers: list[Offer] | None = None, observed: dict[str, dict] | None = None,
-           fams: Families | None = None) -> pd.DataFrame:
+           fams: CampaignFamily | None = None) -> pd.DataFrame:
     """The selection sheet: one row per offer, sorted fits first, then by campaign cost; one row recommended."""
-    fams = fams or Families(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
+    fams = fams or CampaignFamily(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
     if not fams.any():
         single = fams.facts[fams.facts["world_size"] == 1] if len(fams.facts) else fams.facts
         if single.empty:
@@ -248,7 +249,7 @@ def priced_sheet(offers: list[Offer], catalog: Catalog, size) -> pd.DataFrame:
     return df[first + rest + list(SOURCE_COLUMNS) + list(COST_COLUMNS)]
 
 
-def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams: Families, seq: int,
+def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams: CampaignFamily, seq: int,
               headroom: float, observed: dict | None = None) -> dict:
     """What an offer's shape (GPU, count, nodes, network) holds and how long the campaign takes on it: every
     field of the row but the price's (offer is any offer of that shape; priced_sheet adds the prices)."""
@@ -273,7 +274,7 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "max_seq_len_at_mb1": max_seq, "max_seq_len_extrapolated": seq_extrap,
         "precision": precision, "micro_batch": mb, "grad_accum": accum, "replicas": replicas,
         "examples_per_update": mb * accum * replicas, "eval_micro_batch": campaign.eval.micro_batch or mb,
-        "seq_len": seq, "strategy": plan["label"], "strategy_why": plan["why"], "verdict": plan["verdict"],
+        "seq_len": seq, "strategy": plan["kind"], "strategy_label": plan["label"], "strategy_why": plan["why"], "verdict": plan["verdict"],
         "idle_gpus": offer.gpus_per_instance * offer.nodes - replicas,
         "evidence": fam.evidence.describe(), "run_ids": ", ".join(fam.evidence.run_ids),
         "min_cuda": gpu.min_cuda, "software": gpu.software, "compute_capability": gpu.compute_capability,
@@ -285,7 +286,7 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     return row
 
 
-def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fam: Family, precision: str,
+def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fam: FamilyModels, precision: str,
                     seq: int, max_mb: int, headroom: float, sharded: MemoryModel | None) -> dict:
     """Single GPU, DDP or FSDP on this offer, and why. One GPU per instance: single. Several: DDP when a replica
     fits one GPU and the replicas make the update faster than one GPU does (all-reduce included); FSDP when
@@ -353,21 +354,21 @@ def ddp_need(single: Need, grads: float, accum: int) -> Need:
     return Need(per_phase[phase], phase, basis, single.extrapolated, per_phase)
 
 
-def _reserved_factor(fam: Family, fragmentation: float) -> float:
+def _reserved_factor(fam: FamilyModels, fragmentation: float) -> float:
     """Bytes the pilot counted as allocated become need bytes × this (the family's largest factor)."""
     return float(allocated_factor(fam.lines, fragmentation).max())
 
 
-def measured_on_cuda(fam: Family) -> bool:
+def measured_on_cuda(fam: FamilyModels) -> bool:
     return bool(fam.lines["peak_reserved_bytes"].notna().all())
 
 
-def outside_bytes(fam: Family, gpu: Gpu) -> int:
+def outside_bytes(fam: FamilyModels, gpu: Gpu) -> int:
     """What the traced tensors leave out (planner/models/overheads.py): BLAS workspaces, already in a CUDA line's peak."""
     return 0 if measured_on_cuda(fam) else workspace_bytes(gpu.compute_capability, gpu.software, gpu.arch)
 
 
-def context_basis(catalog: Catalog, fam: Family, gpu: Gpu, replicas: int) -> str:
+def context_basis(catalog: Catalog, fam: FamilyModels, gpu: Gpu, replicas: int) -> str:
     parts = [f"CUDA context {fmt_bytes(catalog.context_bytes)} (catalog default)"]
     if not measured_on_cuda(fam):
         parts.append(describe_workspace(gpu.compute_capability, gpu.software, gpu.arch))
@@ -376,13 +377,13 @@ def context_basis(catalog: Catalog, fam: Family, gpu: Gpu, replicas: int) -> str
     return " + ".join(parts)
 
 
-def gradient_bytes(fam: Family, fragmentation: float) -> float:
+def gradient_bytes(fam: FamilyModels, fragmentation: float) -> float:
     """The gradients of the trainable parameters (the setup line's counts), as the need counts bytes."""
     grads = fam.facts["grad_bytes"].max()
     return 0.0 if pd.isna(grads) else float(grads) * _reserved_factor(fam, fragmentation)
 
 
-def _time(fam: Family, gpu: Gpu, precision: str, plan: dict, seq: int, catalog: Catalog, offer: Offer,
+def _time(fam: FamilyModels, gpu: Gpu, precision: str, plan: dict, seq: int, catalog: Catalog, offer: Offer,
           kind: str) -> TimeRange | None:
     if fam.throughput is None:
         return None
@@ -405,14 +406,14 @@ def observed_fields(campaign: Campaign, obs: dict) -> dict:
             "campaign_hours_high": hours}
 
 
-def model_state_bytes(fam: Family, fragmentation: float) -> float:
+def model_state_bytes(fam: FamilyModels, fragmentation: float) -> float:
     """Parameters + gradients + optimizer state, from the pilot's own accounting (allocated bytes)."""
     params, state = (pd.to_numeric(fam.facts[c], errors="coerce").max() for c in ("param_bytes", "optimizer_state_bytes"))
     return (sum(float(x) for x in (params, state) if pd.notna(x)) * _reserved_factor(fam, fragmentation)
             + gradient_bytes(fam, fragmentation))
 
 
-def fsdp_plan(campaign, fam: Family, ctx: float, usable: float, headroom: float, n: int, catalog: Catalog,
+def fsdp_plan(campaign, fam: FamilyModels, ctx: float, usable: float, headroom: float, n: int, catalog: Catalog,
               seq: int, mb_limit: int, sharded: MemoryModel | None) -> dict | None:
     """Model states do not fit one GPU: shard them over the offer's n GPUs (FSDP), at the largest micro-batch
     that fits. The per-GPU need comes from FSDP × n lines when the ledger has them (measured ranks or a fake
@@ -445,7 +446,7 @@ def fsdp_plan(campaign, fam: Family, ctx: float, usable: float, headroom: float,
     return None
 
 
-def time_fields(campaign, catalog, gpu, offer, fam: Family, precision, mb, seq, accum, replicas,
+def time_fields(campaign, catalog, gpu, offer, fam: FamilyModels, precision, mb, seq, accum, replicas,
                 strategy: str = "single") -> dict:
     tp = fam.throughput
     empty = {"update_s_low": None, "update_s_point": None, "update_s_high": None, "eval_pass_s_low": None,

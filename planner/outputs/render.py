@@ -136,7 +136,7 @@ def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
             "max_seq": capacity(r["max_seq_len_at_mb1"], r["max_seq_len_extrapolated"],
                                 r["max_seq_len_at_mb1"] >= SEQ_LIMIT, SEQ_LIMIT),
             "precision": r["precision"], "mb": r["micro_batch"], "accum": r["grad_accum"], "replicas": r["replicas"],
-            "strategy": r["strategy"], "strategy_why": r["strategy_why"],
+            "strategy": r["strategy_label"], "strategy_why": r["strategy_why"],
             "update_time": time_text(r),
             "per_variant": _range(_h2s(r["variant_hours_low"]), _h2s(r["variant_hours_high"]), fmt_seconds),
             "hours": _range(r["campaign_hours_low"], r["campaign_hours_high"], fmt_hours),
@@ -153,7 +153,7 @@ def plan_rows(plans: pd.DataFrame, limit_per_window: int = 5) -> list[dict]:
     for d, g in plans.groupby("days", sort=True):
         for _, r in g.head(limit_per_window).iterrows():
             out.append({
-                "days": int(d), "offer": r["offer"], "gpu": r["gpu"], "strategy": r["strategy"],
+                "days": int(d), "offer": r["offer"], "gpu": r["gpu"], "strategy": r["strategy_label"],
                 "marked": "★" if r["cheapest_for_priority_1"] else "",
                 "variants_in": r["variants_in"] or "—", "variants_out": r["variants_out"] or "—",
                 "hours": _range(r["hours_used_low"], r["hours_used_high"], fmt_hours),
@@ -206,7 +206,7 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
             "need_phase": rec["need_phase"], "need_basis": rec["need_basis"], "headroom": f"{rec['headroom_pct']:.0f}%",
             "max_mb": row["max_mb"], "max_seq": row["max_seq"], "precision": rec["precision"],
             "mb": int(rec["micro_batch"]), "accum": int(rec["grad_accum"]), "replicas": int(rec["replicas"]),
-            "examples_per_update": int(rec["examples_per_update"]), "strategy": rec["strategy"],
+            "examples_per_update": int(rec["examples_per_update"]), "strategy": rec["strategy_label"],
             "verdict": rec["verdict"], "update_time": row["update_time"],
             "time_basis": rec["time_basis"],
             "per_variant": _range(_h2s(rec["variant_hours_low"]), _h2s(rec["variant_hours_high"]), fmt_seconds),

@@ -39,7 +39,7 @@ def disk_gb(checkpoint_bytes: int | None, export_bytes: int | None) -> int:
 
 
 def strategy_kind(order: dict) -> str:
-    """single | ddp | fsdp, from the order's strategy label (e.g. "ddp × 8")."""
+    """single | ddp | fsdp (orders written before strategy_label existed held the label, e.g. "ddp × 8", here)."""
     return str(order["settings"]["strategy"]).split()[0]
 
 
@@ -101,7 +101,7 @@ def sky_yaml(order: dict, order_path: str, spec_path: str, torch_pin: str, check
              export_bytes: int | None = None, rentplan_source: str | None = None) -> str:
     task = sky_task(order, order_path, spec_path, torch_pin, checkpoint_bytes, export_bytes, rentplan_source)
     head = (f"# SkyPilot task for the rentplan order of '{order['campaign']}' ({order['offer']['id']}, "
-            f"{order['settings']['strategy']}).\n"
+            f"{order['settings'].get('strategy_label', order['settings']['strategy'])}).\n"
             f"# Launch from the project's folder: sky launch -c rentplan {{this file}}\n")
     return head + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=1000)
 
