@@ -187,9 +187,7 @@ def probe_script(path, argv, ledger_path, timeout_s, fmt, opts) -> None:
         names = ", ".join("--" + k.replace("_", "-") for k in sorted(given))
         raise InputError(f"{names}: with --script, the script sets these itself; only -w (the workload name), "
                          "--steady-updates, --eval-seq-len and --cap apply.")
-    from planner.ledger import new_id
-    from probes.runner import WorkerLost, call_in_worker
-    from probes.script import run_script, write_verdict_line
+    from probes.script import probe_script as run_probe_script
 
     workload = opts.get("workload") or f"script:{Path(path).stem}"
     if not re.fullmatch(r"script:[A-Za-z0-9._-]+", workload):
@@ -198,22 +196,9 @@ def probe_script(path, argv, ledger_path, timeout_s, fmt, opts) -> None:
     cap_label, cap_bytes = resolve_cap(opts.get("cap"), opts.get("catalog_path"))
     steady = checked_count("--steady-updates", opts.get("steady_updates"), 3, 10_000) or 8
     eval_seq = checked_count("--eval-seq-len", opts.get("eval_seq_len"))
-    run_id = new_id("r")
     Ledger(ledger_path).close()  # a bad ledger path fails here, before the script runs
-    progress(f"probe --script {path}: run {run_id} as {workload}; ledger {ledger_path}")
-    error, lost = None, False
-    try:
-        call_in_worker(run_script, (str(path), argv, str(ledger_path), workload, run_id, steady, eval_seq,
-                                    cap_bytes, cap_label), timeout_s)
-    except WorkerLost as e:  # nothing in the worker could write the phase it was in: written here
-        error, lost = str(e), True
-    except RuntimeError as e:  # the worker wrote the failing phase's line itself
-        error = str(e)
-    mine = read_lines(ledger_path).query("run_id == @run_id")
-    if lost:
-        write_verdict_line(ledger_path, mine, run_id, workload, "timeout" if "timed out" in error else "killed",
-                           error)
-        mine = read_lines(ledger_path).query("run_id == @run_id")
+    run_id, mine, error = run_probe_script(str(path), argv, str(ledger_path), workload, steady, eval_seq, cap_bytes,
+                                           cap_label, timeout_s, progress)
     if len(mine):
         click.echo(render(lines_view(mine, fmt), fmt))
     if error:
@@ -291,7 +276,9 @@ def ledger():
 @format_option
 @friendly_errors
 def ledger_show(ledger_path, run_id, verdict, fmt):
-    """Print the ledger's lines, oldest first."""
+    """Print the ledger's lines, oldest first.
+
+    Example: rentplan ledger show --ledger rentplan.db --verdict oom"""
     df = read_lines(ledger_path)
     if run_id:
         df = df[df["run_id"] == run_id]
@@ -307,7 +294,9 @@ def ledger_show(ledger_path, run_id, verdict, fmt):
               help="default: from the file's extension")
 @friendly_errors
 def ledger_export(ledger_path, dest, fmt):
-    """Write every line to CSV or JSONL (raw units: bytes, seconds)."""
+    """Write every line to CSV or JSONL (raw units: bytes, seconds).
+
+    Example: rentplan ledger export --ledger rentplan.db --to lines.csv"""
     fmt = fmt or ("jsonl" if dest.endswith((".jsonl", ".json")) else "csv")
     df = read_lines(ledger_path).drop(columns=["seq"], errors="ignore")
     export_frame(df, Path(dest), fmt)
@@ -331,7 +320,9 @@ def catalog_path_option(fn):
 @format_option
 @friendly_errors
 def catalog_list(catalog_path, fmt):
-    """One row per GPU: memory, speed, features, cheapest offer."""
+    """One row per GPU: memory, speed, features, cheapest offer.
+
+    Example: rentplan catalog list --format markdown"""
     from planner.inputs.catalog import load_catalog
 
     cat = load_catalog(catalog_path)
@@ -357,7 +348,9 @@ def catalog_list(catalog_path, fmt):
 @format_option
 @friendly_errors
 def catalog_show(gpu_id, catalog_path, fmt):
-    """One GPU's specs, sources and every offer."""
+    """One GPU's specs, sources and every offer.
+
+    Example: rentplan catalog show h100_sxm"""
     from dataclasses import asdict
 
     from planner.inputs.catalog import load_catalog
@@ -379,7 +372,9 @@ def catalog_show(gpu_id, catalog_path, fmt):
 @click.argument("path", required=False, type=click.Path(dir_okay=False))
 @friendly_errors
 def catalog_validate(path):
-    """Check a catalog file; every problem is listed at once."""
+    """Check a catalog file; every problem is listed at once.
+
+    Example: rentplan catalog validate my-catalog.yaml"""
     from planner.inputs.catalog import load_catalog
 
     cat = load_catalog(path)
@@ -396,7 +391,9 @@ def catalog_validate(path):
               help="write the merged catalog here (default: print the new offers as YAML)")
 @friendly_errors
 def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
-    """Import offers from a SkyPilot vms.csv (prices per instance; GPU memory from this catalog)."""
+    """Import offers from a SkyPilot vms.csv (prices per instance; GPU memory from this catalog).
+
+    Example: rentplan catalog import --skypilot vms.csv --provider lambda --as-of 2026-12-01 --out catalog.yaml"""
     import yaml
 
     from planner.inputs.catalog import default_catalog_path, import_skypilot, load_catalog, merged_catalog_text
@@ -447,7 +444,7 @@ def parse_days(text: str) -> list[int]:
 def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt):
     from planner.inputs.campaign_spec import load_campaign
     from planner.inputs.catalog import load_catalog
-    from planner.outputs.orders import local_order, offer_order
+    from planner.outputs.orders import order_for
     from planner.decisions.pipeline import make_plan, recommend
     from planner.outputs.render import write_outputs
 
@@ -464,11 +461,7 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
         lines, runs, metrics = led.frame(), led.table("campaign_runs"), led.table("campaign_metrics")
     result = make_plan(campaign, lines, catalog, headroom, parse_days(days),
                        observed=observed_times(runs, metrics, campaign))
-    if offer_id == "local":
-        order = local_order(campaign, result, headroom)
-    else:
-        pick = recommend(result.sheet) if offer_id is None else _offer_row(result.sheet, offer_id)
-        order = None if pick is None else offer_order(campaign, pick, result.lines, catalog, headroom)
+    order = order_for(campaign, result, catalog, headroom, offer_id)
     if out:
         written = write_outputs(Path(out), campaign, result.sheet, result.plans, result.budget, result.lines,
                                 catalog, headroom, order, spec_path=str(campaign_path))
@@ -493,17 +486,6 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
     return result
 
 
-def _offer_row(sheet: pd.DataFrame, offer_id: str):
-    rows = sheet[sheet["offer"] == offer_id]
-    if rows.empty:
-        import difflib
-
-        hint = difflib.get_close_matches(offer_id, list(sheet["offer"]), n=3)
-        raise InputError(f"unknown offer {offer_id!r}." + (f" Did you mean {', '.join(hint)}?" if hint else "")
-                         + " Use an offer id from the selection sheet, or 'local'.")
-    return rows.iloc[0]
-
-
 @cli.command()
 @click.option("--campaign", "campaign_path", required=True, type=click.Path(dir_okay=False))
 @ledger_option
@@ -517,7 +499,9 @@ def _offer_row(sheet: pd.DataFrame, offer_id: str):
 @format_option
 @friendly_errors
 def plan(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt):
-    """Selection sheet, 3/7/30-day plans, budget review and order sheet from the ledger and the catalog."""
+    """Selection sheet, 3/7/30-day plans, budget review and order sheet from the ledger and the catalog.
+
+    Example: rentplan plan --campaign campaign.yaml --ledger rentplan.db --out rentplan-out"""
     plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt)
 
 
@@ -557,12 +541,12 @@ def demo(ledger_path, out, device):
     estimate_spec = demo_estimate_spec(campaign)
     progress(f"rentplan demo: 1) a real pilot of {DEMO_PILOT['workload']} on {pilot.device}; 2) estimates of "
              f"'{campaign.name}' ({campaign_path.name}) for sm80+ kernels; 3) its plan and order sheet.")
+    results = []
     for spec in (pilot, estimate_spec):
-        result = run_probe(spec, ledger_path, 900.0, False)
-        if result.interrupted:
+        results.append(run_probe(spec, ledger_path, 900.0, False))
+        if results[-1].interrupted:
             raise KeyboardInterrupt
-    df = read_lines(ledger_path)
-    mine = df[df["config_key"].isin({c.key() for c in build_grid(pilot)})]
+    mine, est = (r.frame() for r in results)
     click.echo("1) The loop on this device (measured):")
     click.echo(render(lines_view(mine[mine["phase"].isin(["first_step", "steady", "eval", "resume"])], "table"),
                       "table"))
@@ -572,7 +556,6 @@ def demo(ledger_path, out, device):
     else:
         bad = mine[mine["verdict"] != "ok"]
         click.echo(f"{len(bad)} phase(s) did not end ok: see `rentplan ledger show --verdict {bad['verdict'].iloc[0]}`")
-    est = df[df["config_key"].isin({c.key() for c in build_grid(estimate_spec)})]
     click.echo(f"\n2) {campaign.name}: {len(est['run_id'].unique())} estimate(s), the need per phase "
                f"(fake tensors, no memory touched):")
     click.echo(render(lines_view(est[est["phase"].isin(["first_step", "eval", "resume"])], "table"), "table"))
@@ -592,7 +575,9 @@ def demo(ledger_path, out, device):
 @click.option("--skip-pilot", is_flag=True, help="check the stack only")
 @friendly_errors
 def verify(order_path, ledger_path, skip_pilot):
-    """On the rented machine: check GPU, memory, CUDA, torch and packages, then pilot the ordered settings."""
+    """On the rented machine: check GPU, memory, CUDA, torch and packages, then pilot the ordered settings.
+
+    Example: rentplan verify rentplan-out/order.json"""
     from probes.verify import verify_order
 
     report = verify_order(order_path, ledger_path, run_pilot=not skip_pilot, progress=progress)
@@ -624,7 +609,9 @@ def verify(order_path, ledger_path, skip_pilot):
 @format_option
 @friendly_errors
 def batch(micro_batch, grad_accum, replicas, examples, seq_len, drop_last, compare, hold, updates, fmt):
-    """Batch arithmetic: examples and tokens per update, updates per pass, the last partial batch."""
+    """Batch arithmetic: examples and tokens per update, updates per pass, the last partial batch.
+
+    Example: rentplan batch --micro-batch 4 --grad-accum 8 --examples 10000 --compare micro=8,accum=4"""
     from planner.tools.batching import batch_plan, compare_settings
 
     if compare:
@@ -653,7 +640,9 @@ def workload_options(fn):
 @click.option("--strict", is_flag=True, help="exit 1 when there is any warning")
 @friendly_errors
 def inspect(workload, params, n, split, seq_len, strict):
-    """Show what the loss really receives for a few examples, and warn about masking mistakes."""
+    """Show what the loss really receives for a few examples, and warn about masking mistakes.
+
+    Example: rentplan inspect -w hf:./my-model -p data=train.jsonl -p fields=prompt,response -n 3"""
     from probes.checks import inspect_workload
 
     rep = inspect_workload(workload, parse_params(list(params)), n, split, seq_len)
@@ -683,7 +672,9 @@ def inspect(workload, params, n, split, seq_len, strict):
 @friendly_errors
 def overfit(workload, params, examples, updates, lr, seq_len, max_ratio):
     """Train on a fixed tiny subset: the loop must drive the loss down and recover every target.
-    This checks the mechanism, not generalisation."""
+    This checks the mechanism, not generalisation.
+
+    Example: rentplan overfit -w builtin:gpt --examples 8 --updates 100"""
     from probes.checks import overfit as run_overfit, sparkline
 
     rep = run_overfit(workload, parse_params(list(params)), examples, updates, lr, seq_len, max_ratio)
@@ -709,7 +700,9 @@ def overfit(workload, params, examples, updates, lr, seq_len, max_ratio):
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
 @friendly_errors
 def resume_check(workload, params, updates, at, at_micro, grad_accum, micro_batch, seq_len, precision):
-    """Run A uninterrupted; B saves at --at and exits; C resumes in a fresh process. Compare everything."""
+    """Run A uninterrupted; B saves at --at and exits; C resumes in a fresh process. Compare everything.
+
+    Example: rentplan resume-check -w builtin:gpt --at 5 --at-micro 1 --grad-accum 2"""
     from probes.checks import resume_check as run_check
 
     try:
@@ -740,7 +733,9 @@ def resume_check(workload, params, updates, at, at_micro, grad_accum, micro_batc
 @format_option
 @friendly_errors
 def split(data, by, time_col, gap, ratios, seed, out, check, fmt):
-    """Leakage-safe splits by group (and time), or --check existing splits for shared groups and duplicates."""
+    """Leakage-safe splits by group (and time), or --check existing splits for shared groups and duplicates.
+
+    Example: rentplan split data.jsonl --by user_id --out splits/"""
     from planner.tools.splits import check_splits, parse_ratios, read_table, split_frame, write_table
 
     if check:
@@ -802,7 +797,7 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
     import dataclasses as dc
 
     from planner.inputs.campaign_spec import load_campaign
-    from probes.campaign import device_start_up, run_variant
+    from probes.campaign import run_campaign
     from probes.distributed import torchrun_world
 
     world = torchrun_world()
@@ -829,23 +824,9 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
         dev, strategy = str(torch_device), strategy or "ddp"
     else:
         dev = resolve_device(device)
-    say = progress if rank == 0 else (lambda msg: None)
     echo = click.echo if rank == 0 else (lambda msg: None)
-    from probes.runner import clean_stale_temporaries
-
-    for run_dir in (p for p in Path(out).glob("c-*") if rank == 0 and p.is_dir() and not p.is_symlink()):
-        for name in clean_stale_temporaries(run_dir):
-            say(f"removed {run_dir.name}/{name}: a half-written export of a run that was killed")
-    start_up = device_start_up(dev)
-    say(f"start-up: {dev} ready in {start_up:.2f} s (recorded with each run, not billed to any variant)"
-        + (f"; {world} processes, {strategy}" if world > 1 else ""))
-    outcomes = []
-    for v in sorted(chosen, key=lambda v: v.priority):
-        for seed in seed_list or [v.seed]:
-            run_id, outcome = run_variant(camp, v, seed, ledger_path, out, dev, updates, progress=progress,
-                                          start_up_s=start_up, strategy=strategy or "single")
-            outcomes.append(outcome)
-            echo(f"{run_id}  {v.id}  lr {v.lr:g}  seed {seed}  {outcome}")
+    outcomes = run_campaign(camp, chosen, seed_list, ledger_path, out, dev, updates, strategy or "single",
+                            progress if rank == 0 else (lambda msg: None), echo)
     n = len(outcomes)
     counts = {k: outcomes.count(k) for k in ("finished", "diverged", "stopped", "error")}
     summary = (f"{n} run{'s' if n != 1 else ''}: {counts['finished']} finished, {counts['diverged']} diverged, "
@@ -905,7 +886,9 @@ def campaign_report(ledger_path, name, price_per_hour, out, show_predictions, fm
 @click.option("--out", default="rentplan-runs", show_default=True, type=click.Path(file_okay=False))
 @friendly_errors
 def campaign_finish(run_id, ledger_path, out):
-    """Reload the exported artifact in a fresh process and rerun the control inputs recorded at export."""
+    """Reload the exported artifact in a fresh process and rerun the control inputs recorded at export.
+
+    Example: rentplan campaign finish c-1a2b3c4d5e"""
     from probes.campaign import finish_check
     from probes.runner import call_in_worker
 
@@ -940,7 +923,11 @@ def campaign_finish(run_id, ledger_path, out):
 @click.option("--out", default="rentplan-runs", show_default=True, type=click.Path(file_okay=False))
 @friendly_errors
 def archive(target, folder, dest, ledger_path, out):
-    """`archive RUN --to DIR` writes a verifiable archive; `archive verify DIR` checks one."""
+    """`archive RUN --to DIR` writes a verifiable archive; `archive verify DIR` checks one.
+
+    Example: rentplan archive c-1a2b3c4d5e --to archive/
+
+    Example: rentplan archive verify archive/"""
     from planner.tools.archive import archive_run, recorded_sha256_lookup, verify_archive
 
     if target == "verify":
@@ -966,7 +953,9 @@ def archive(target, folder, dest, ledger_path, out):
 @ledger_option
 @friendly_errors
 def note(text, run_id, ledger_path):
-    """Record a decision or observation, with the time, in the ledger; reports show it."""
+    """Record a decision or observation, with the time, in the ledger; reports show it.
+
+    Example: rentplan note "lr 3e-4 diverges past update 400" --run c-1a2b3c4d5e"""
     from datetime import datetime, timezone
 
     with Ledger(ledger_path) as led:

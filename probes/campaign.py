@@ -337,3 +337,26 @@ def _flat(pred):
     if not isinstance(pred, list):
         return pred
     return [x for p in pred for x in (_flat(p) if isinstance(p, list) else [p])]
+
+
+def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] | None, ledger_path: str, out: str,
+                 device: str, updates: int | None, strategy: str, say=print, echo=print) -> list[str]:
+    """`rentplan campaign run`: the device's start-up once (recorded, billed to no variant), then every variant by
+    priority and each of its seeds; returns the outcomes. say: progress; echo: one result line per run."""
+    from probes.runner import clean_stale_temporaries
+
+    rank, world = world_of()
+    for run_dir in (p for p in Path(out).glob("c-*") if rank == 0 and p.is_dir() and not p.is_symlink()):
+        for name in clean_stale_temporaries(run_dir):
+            say(f"removed {run_dir.name}/{name}: a half-written export of a run that was killed")
+    start_up = device_start_up(device)
+    say(f"start-up: {device} ready in {start_up:.2f} s (recorded with each run, not billed to any variant)"
+        + (f"; {world} processes, {strategy}" if world > 1 else ""))
+    outcomes = []
+    for v in sorted(variants, key=lambda v: v.priority):
+        for seed in seeds or [v.seed]:
+            run_id, outcome = run_variant(campaign, v, seed, ledger_path, out, device, updates, progress=say,
+                                          start_up_s=start_up, strategy=strategy)
+            outcomes.append(outcome)
+            echo(f"{run_id}  {v.id}  lr {v.lr:g}  seed {seed}  {outcome}")
+    return outcomes

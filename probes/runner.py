@@ -127,7 +127,12 @@ def _call_main(fn, args, conn) -> None:
 
 
 class WorkerLost(RuntimeError):
-    """The worker timed out or died without a result (a failure inside it is a plain RuntimeError)."""
+    """The worker timed out or died without a result (a failure inside it is a plain RuntimeError); verdict says
+    which (timeout | killed)."""
+
+    def __init__(self, message: str, verdict: str):
+        super().__init__(message)
+        self.verdict = verdict
 
 
 def call_in_worker(fn, args: tuple, timeout_s: float = DEFAULT_TIMEOUT_S, env: dict | None = None):
@@ -144,12 +149,12 @@ def call_in_worker(fn, args: tuple, timeout_s: float = DEFAULT_TIMEOUT_S, env: d
     try:
         if not parent.poll(timeout_s):
             timed_out = True
-            raise WorkerLost(f"worker timed out after {timeout_s:.0f} s")
+            raise WorkerLost(f"worker timed out after {timeout_s:.0f} s", Verdict.TIMEOUT.value)
         try:
             kind, payload = pickle.loads(parent.recv_bytes())
         except EOFError:
             proc.join(5)
-            raise WorkerLost(f"worker died (exit code {proc.exitcode})") from None
+            raise WorkerLost(f"worker died (exit code {proc.exitcode})", Verdict.KILLED.value) from None
         if kind == "error":
             raise RuntimeError(payload)
         return payload

@@ -233,3 +233,27 @@ def write_verdict_line(ledger: str, lines, run_id: str, workload: str, verdict: 
                             **where)
     with Ledger(ledger) as led:
         led.append(line)
+
+
+def probe_script(path: str, argv: list[str], ledger_path: str, workload: str, steady: int, eval_seq: int | None,
+                 cap_bytes: int | None, cap_label: str, timeout_s: float, progress=print):
+    """`rentplan probe --script`: the script in a worker under the hooks; returns (run id, the run's lines, the
+    error or None). A worker that timed out or died gets the line of the phase it was in, written here."""
+    from planner.ledger import new_id, read_lines
+    from probes.runner import WorkerLost, call_in_worker
+
+    run_id = new_id("r")
+    progress(f"probe --script {path}: run {run_id} as {workload}; ledger {ledger_path}")
+    error, lost = None, None
+    try:
+        call_in_worker(run_script, (path, argv, ledger_path, workload, run_id, steady, eval_seq, cap_bytes,
+                                    cap_label), timeout_s)
+    except WorkerLost as e:  # nothing in the worker could write the phase it was in
+        error, lost = str(e), e
+    except RuntimeError as e:  # the worker wrote the failing phase's line itself
+        error = str(e)
+    mine = read_lines(ledger_path).query("run_id == @run_id")
+    if lost is not None:
+        write_verdict_line(ledger_path, mine, run_id, workload, lost.verdict, error)
+        mine = read_lines(ledger_path).query("run_id == @run_id")
+    return run_id, mine, error

@@ -36,6 +36,8 @@ def test_every_command_has_help():
     def walk(group, path):
         for name, cmd in group.commands.items():
             assert cmd.help, " ".join(path + [name])
+            if not isinstance(cmd, click.Group):  # sqlite-utils' way: each command shows one real use
+                assert "Example: rentplan" in cmd.help or "Example (" in cmd.help, " ".join(path + [name])
             r = runner.invoke(cli, [*path, name, "--help"])
             assert r.exit_code == 0 and "Usage:" in r.output, (path, name, r.output)
             seen.append(" ".join(path + [name]))

@@ -198,3 +198,26 @@ def check_order(order, source: str) -> None:
     if not isinstance(packages, list) or not all(isinstance(x, str) and MODULE.fullmatch(x) for x in packages):
         p.add("packages", f"must be a list of module names like [\"torch\", \"safetensors\"], got {packages!r}"[:300])
     p.raise_if_any()
+
+
+def order_for(campaign, result, catalog, headroom: float, offer_id: str | None) -> dict | None:
+    """The order `plan` writes: for the recommended offer (None when nothing fits), an offer named by id, or
+    'local' (this machine)."""
+    if offer_id == "local":
+        return local_order(campaign, result, headroom)
+    from planner.decisions.plans import recommend
+
+    pick = recommend(result.sheet) if offer_id is None else offer_row(result.sheet, offer_id)
+    return None if pick is None else offer_order(campaign, pick, result.lines, catalog, headroom)
+
+
+def offer_row(sheet: pd.DataFrame, offer_id: str) -> pd.Series:
+    """The sheet's row of an offer id; an unknown id is refused with the nearest ids."""
+    rows = sheet[sheet["offer"] == offer_id]
+    if rows.empty:
+        import difflib
+
+        hint = difflib.get_close_matches(offer_id, list(sheet["offer"]), n=3)
+        raise InputError(f"unknown offer {offer_id!r}." + (f" Did you mean {', '.join(hint)}?" if hint else "")
+                         + " Use an offer id from the selection sheet, or 'local'.")
+    return rows.iloc[0]
