@@ -19,11 +19,29 @@ import pandas as pd
 
 from planner import __version__
 from planner.errors import InputError, RentplanError
-from planner.inputs.grid import (GridSpec, build_grid, checked_count, checked_timeout, parse_list, parse_params, positive_int,
-                          resolve_cap, resolve_device, resolve_targets, spec_from_options)
+from planner.inputs.grid import (GridSpec, build_grid, checked_count, checked_device, checked_timeout, parse_list,
+                                 parse_params, positive_int, resolve_cap, resolve_targets)
+from planner.inputs.grid import spec_from_options as parse_spec
 from planner.ledger import Ledger, export_frame, read_lines
 from planner.records import PHASES
 from planner.outputs.tables import FORMATS, lines_view, plans_view, render, selection_view
+
+
+def resolve_device(device: str) -> str:
+    """auto | cpu | cuda | cuda:N: a device this machine lacks is refused before anything runs."""
+    device = checked_device(device)
+    if device == "cpu":
+        return device
+    from probes.pilot import available_device  # only the commands that run pilots get here (torch)
+
+    return available_device(device)
+
+
+def spec_from_options(opts: dict) -> GridSpec:
+    """The grid the options and the --grid file describe, on a device this machine has."""
+    spec = parse_spec(opts)
+    spec.device = resolve_device(spec.device)
+    return spec
 
 
 def progress(msg: str) -> None:

@@ -54,7 +54,7 @@ def save(trainer, path: str) -> int:
         import torch.distributed as dist
 
         dist.barrier()
-    return os.path.getsize(path) + _dir_size(f"{path}.dcp")
+    return os.path.getsize(path) + dir_size(f"{path}.dcp")
 
 
 def export(trainer, path: str, adapter: bool = True) -> int | None:
@@ -161,7 +161,7 @@ def tuple_state(state):
     return tuple(tuple_state(s) if isinstance(s, list) else s for s in state)
 
 
-def _dir_size(path: str) -> int:
+def dir_size(path: str) -> int:
     if not os.path.isdir(path):
         return 0
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)

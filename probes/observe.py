@@ -36,7 +36,7 @@ import torch
 from planner.ledger import Ledger, new_id
 from planner.records import Line, ProbeConfig, Verdict
 from probes.census import OpCensus, census_fields
-from probes.checkpoint import _dir_size
+from probes.checkpoint import dir_size
 from probes.memory import LiveTensorTracker, PhaseMeter
 from probes.pilot import cuda_allocator_model, environment, is_oom, last_line
 
@@ -72,7 +72,7 @@ def folder_bytes(path: str) -> int | None:
     """Bytes of a saved file or folder; None when nothing is there."""
     if os.path.isfile(path):
         return os.path.getsize(path)
-    return _dir_size(path) if os.path.isdir(path) else None
+    return dir_size(path) if os.path.isdir(path) else None
 
 
 class PhaseRecorder:

@@ -129,8 +129,7 @@ def test_probe_option_errors():
 
 
 def test_probe_grid_file_builds_the_product_and_refuses_unknown_keys(tmp_path):
-    from planner.inputs.grid import spec_from_options
-    from planner.inputs.grid import build_grid
+    from planner.inputs.grid import build_grid, spec_from_options
 
     good = write(tmp_path, "g.yaml", "micro_batch: [1, 2]\nseq_len: 64,128\nprecision: [bf16]\n"
                                       "params: {layers: 1}\neffective_batch: 4\n")

@@ -161,15 +161,11 @@ def load_grid_file(path: str) -> dict[str, Any]:
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
-def resolve_device(device: str) -> str:
-    """auto | cpu | cuda | cuda:N, checked here: a device this machine lacks is refused before anything runs."""
+def checked_device(device: str) -> str:
+    """auto | cpu | cuda | cuda:N, as spelled; whether this machine has it is the command's check (cli)."""
     if not DEVICE.fullmatch(str(device)):
         raise InputError(f"--device {device!r} must be auto, cpu, cuda or cuda:N.")
-    if device == "cpu":
-        return device
-    from probes.pilot import available_device  # only the commands that run pilots get here (torch)
-
-    return available_device(device)
+    return str(device)
 
 
 def checked_count(name: str, value, lo: int = 1, hi: int = 1 << 20) -> int | None:
@@ -225,7 +221,7 @@ def spec_from_options(o: dict) -> GridSpec:
         effective_batch=checked_count("--effective-batch", pick("effective_batch")),
         steady_updates=checked_count("--steady-updates", pick("steady_updates"), 3, 10_000) or 3,
         lr=checked_lr(pick("lr")), cap=cap_label, cap_bytes=cap_bytes,
-        device=resolve_device(o.get("device") or pick("device") or "auto"),
+        device=checked_device(o.get("device") or pick("device") or "auto"),
         strategy=pick("strategy") or "single", nproc=checked_count("--nproc", pick("nproc"), 1, 1024) or 1)
 
 

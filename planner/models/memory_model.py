@@ -157,7 +157,7 @@ def phase_bytes(df: pd.DataFrame, fragmentation: float) -> pd.Series:
     allocations; else, for lines written before that model existed, allocated × a flat fragmentation factor
     (the basis then says so). Allocated and reserved are never added."""
     reserved, simulated = _column(df, "peak_reserved_bytes"), _column(df, "simulated_reserved_bytes")
-    flat = df["peak_allocated_bytes"].astype(float) * allocated_factor(df, fragmentation)
+    flat = df["peak_allocated_bytes"].astype(float) * fragmentation
     return reserved.where(reserved.notna(), simulated.where(simulated.notna(), flat))
 
 
