@@ -3,9 +3,11 @@
 Three differences between the CPU build's kernels and a CUDA GPU's change what a training step keeps:
 1. Attention. CUDA runs flash or memory-efficient attention (planner/models/kernels.py has the rule); they save
    the output, its logsumexp and the RNG state. In training with dropout the CPU build falls back to the
-   math path, which saves the S × S attention and its dropout mask. Here F.scaled_dot_product_attention is
-   routed to aten._scaled_dot_product_flash_attention / _efficient_attention, whose fake implementations
-   run on CPU tensors and return exactly what the CUDA kernels return. The composite's preparation is kept:
+   math path, which saves the S × S attention and its dropout mask. Here aten::scaled_dot_product_attention
+   (a Python kernel at its CompositeImplicitAutograd key, see CudaKernels) takes the kernel CUDA would:
+   aten._scaled_dot_product_flash_attention / _efficient_attention, whose fake implementations run on CPU
+   tensors and return exactly what the CUDA kernels return, or CUDA's math fallback,
+   aten._scaled_dot_product_attention_math, where neither applies. The composite's preparation is kept:
    bool masks become an additive mask of the query's dtype, unaligned masks are padded to 8, head dims are
    padded to 8 for flash (aten/src/ATen/native/transformers/cuda/attention.cu: convert_boolean_attn_mask,
    preprocess_mask, pad_last_dim).
@@ -20,8 +22,7 @@ Three differences between the CPU build's kernels and a CUDA GPU's change what a
 
 Not modelled, and why: cuDNN convolution workspaces (PyTorch retries with a smaller workspace when one does
 not fit: they use free memory, they never cause an OOM); fused AdamW (the loop runs foreach AdamW, whose
-_foreach ops allocate the same on both builds); the math path's dropout mask (when neither kernel applies,
-the CPU mask of the input's dtype is kept: an overestimate, said in the line's detail).
+_foreach ops allocate the same on both builds); in-place dropout (dropout_, not fused on CUDA either).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from planner.models.kernels import REPRESENTATIVE_SM, attention_backend
 
@@ -152,29 +152,29 @@ def cuda_autocast_policy():
         lib._destroy()
 
 
-class CudaKernels(TorchFunctionMode):
-    """Routes attention and dropout to the kernels a CUDA GPU of the target runs (see the module docstring)."""
+class CudaKernels:
+    """Routes attention and dropout to the kernels a CUDA GPU of the target runs (see the module docstring).
+
+    The routing is a Python kernel for aten::scaled_dot_product_attention and aten::dropout at the
+    CompositeImplicitAutograd key (where the CPU build decides between its kernels), registered while the
+    target's kernels are active. At the dispatcher it holds wherever the op is called from: a backward that
+    recomputes checkpointed blocks, a model that calls torch.ops.aten directly. (A TorchFunctionMode did not:
+    it is set aside while it handles Tensor.backward, so checkpointed blocks recomputed with the CPU build's
+    kernels.)"""
 
     def __init__(self, target: str):
-        super().__init__()
         self.target = target
         self.sm = REPRESENTATIVE_SM[target]
         self.backends: dict[str, int] = {}  # what attention ran, for the line's detail
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            return self.attention(*args, **kwargs)
-        if func is F.dropout and not kwargs.get("inplace", len(args) > 3 and args[3]):
-            return self.dropout(*args, **kwargs)
-        return func(*args, **kwargs)
+    def dropout(self, input, p, train):
+        if train and 0 < p < 1 and input.numel() > 0:
+            return aten.native_dropout(input, p, True)[0]  # saves a bool mask, as CUDA's fused kernel does
+        if not train or p == 0 or input.numel() == 0:
+            return input  # as aten/src/ATen/native/Dropout.cpp's _dropout
+        return input.mul(torch.zeros((), dtype=input.dtype))  # p == 1
 
-    def dropout(self, input, p=0.5, training=True, inplace=False):
-        if not training or not 0 < p < 1 or input.numel() == 0:
-            return F.dropout(input, p, training, inplace)
-        return aten.native_dropout(input, p, True)[0]  # saves a bool mask, as CUDA's fused kernel does
-
-    def attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+    def attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                   enable_gqa=False):
         if torch.is_autocast_enabled("cpu"):  # sdpa is on CUDA's lower-precision list
             low = torch.get_autocast_dtype("cpu")
@@ -207,8 +207,9 @@ class CudaKernels(TorchFunctionMode):
                 bias = bias.expand(query.size(0), query.size(1), query.size(2), key.size(2))
             return aten._scaled_dot_product_efficient_attention(query, key, value, bias, training, dropout_p,
                                                                 is_causal, scale=scale)[0]
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                                              is_causal=is_causal, scale=scale)
+        # CUDA's math fallback (sdp_utils: SDPBackend::math); its dropout is aten::dropout, routed above
+        return aten._scaled_dot_product_attention_math(query, key, value, attn_mask, dropout_p, is_causal,
+                                                       scale=scale)[0]
 
 
 @contextlib.contextmanager
@@ -219,6 +220,14 @@ def target_kernels(target: str | None):
         return
     if target not in REPRESENTATIVE_SM:
         raise ValueError(f"unknown kernel target {target!r}: one of {', '.join(REPRESENTATIVE_SM)}, cpu")
-    mode = CudaKernels(target)
-    with cuda_autocast_policy(), mode:
-        yield mode
+    kernels = CudaKernels(target)
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "overriding a previously registered kernel": that is the point
+        lib.impl("scaled_dot_product_attention", kernels.attention, "CompositeImplicitAutograd")
+        lib.impl("dropout", kernels.dropout, "CompositeImplicitAutograd")
+    try:
+        with cuda_autocast_policy():
+            yield kernels
+    finally:
+        lib._destroy()

@@ -133,3 +133,31 @@ def test_sm75_runs_the_memory_efficient_kernel_in_fp16(tmp_path):
     flash, _, _ = estimate_first_step(tmp_path, "sm80+")
     # Same saved tensors but the RNG state: philox seed and offset (two int64) instead of flash's 16-byte state
     assert abs(line["peak_allocated_bytes"] - flash["peak_allocated_bytes"]) <= 64
+
+
+@pytest.mark.parametrize("target, precision, backend", [("sm80+", "bf16", "flash"), ("sm50-75", "fp16", "efficient"),
+                                                        ("sm50-75", "fp32", "efficient")])
+def test_checkpointed_blocks_recompute_with_the_targets_kernels(tmp_path, target, precision, backend):
+    """`rentplan estimate --checkpointing on --precision fp16 --target sm50-75` ended first_step in a
+    CheckpointError: backward (and with it the recomputation of checkpointed blocks) ran without the target's
+    kernels, so the recomputed attention was the CPU build's, saving other tensors than the forward had."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Names(TorchDispatchMode):
+        seen: set = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Names.seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    cfg = ProbeConfig(params_json=json.dumps(GPT2_LIKE, sort_keys=True), micro_batch=B, seq_len=S, eval_seq_len=S,
+                      eval_micro_batch=B, mode="estimated", precision=precision, target=target, checkpointing=True)
+    lines = {}
+    pilot = Pilot(cfg, str(tmp_path), lambda k, x: lines.__setitem__(x["phase"], x) if k == "line" else None,
+                  "r", "p")
+    with Names():
+        pilot.run(("setup", "first_step"))
+    assert lines["first_step"]["verdict"] == "ok", lines["first_step"]["detail"]
+    layers = GPT2_LIKE.get("layers", 1)
+    assert pilot.kernels.backends == {backend: 2 * layers}  # the forward, and the recomputation in backward
+    assert not Names.seen & {"_scaled_dot_product_flash_attention_for_cpu", "bernoulli", "bernoulli_"}
