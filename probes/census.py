@@ -96,13 +96,12 @@ def census(workload, cfg, kernels=contextlib.nullcontext) -> dict:
     """A steady update (every micro-batch of the window and the optimizer step; the second update of a fresh
     model, so that the optimizer's state already exists) under fake tensors.
     The process's RNG is saved and restored: the real run that follows sees the same random numbers."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+    from probes.fake import EstimateFakeMode
     from probes.loop import Trainer
 
     # Per rank, the compute of DDP and FSDP is that of one process (collectives are timed by the planner).
     one = dataclasses.replace(cfg, strategy="single", world_size=1)
-    with torch.random.fork_rng(devices=[]), FakeTensorMode(allow_non_fake_inputs=True), kernels():
+    with torch.random.fork_rng(devices=[]), EstimateFakeMode(), kernels():
         trainer = Trainer(workload, one, torch.device("cpu"), fake=True)
         trainer.train_update()  # the first update also creates the optimizer state: steady updates do not
         counter = OpCensus()

@@ -277,7 +277,7 @@ class _UnknownValuesAreOne(TorchDispatchMode):
     its relative step size) reads 1. What it allocates does not depend on that number."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
+        if func is torch.ops.aten._local_scalar_dense.default or func is torch.ops.aten.item.default:
             from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
 
             t = args[0]
@@ -285,8 +285,12 @@ class _UnknownValuesAreOne(TorchDispatchMode):
             if type(t) is FakeTensor and t.item_memo is None and t.fake_mode.shape_env is None:
                 # FakeTensorMode's own answers, without its dispatch (a fifth of an AdamW step: optimizer.py's
                 # _get_value reads every parameter's step twice): a kept constant's value (the step counts),
-                # else the refusal of fake_impls.local_scalar_dense, read as 1.
-                return t.constant.item() if t.constant is not None else one
+                # else the refusal of fake_impls.local_scalar_dense, read as 1. The constant is a real tensor:
+                # read with the modes below set aside, or its own .item() goes through all of them.
+                if t.constant is None:
+                    return one
+                with torch._C._DisableTorchDispatch():
+                    return t.constant.item()
             try:
                 return func(*args, **(kwargs or {}))
             except DataDependentOutputException:
@@ -347,7 +351,8 @@ def remake_tensors(model: torch.nn.Module, skip=lambda t: False, dtype: torch.dt
                     continue
                 if id(t) not in made:
                     as_dtype = dtype if dtype is not None and t.is_floating_point() else t.dtype
-                    new = torch.empty_like(t, device="cpu", dtype=as_dtype)
+                    # the meta tensor's shape and strides, not the tensor (a fake made from it costs a conversion)
+                    new = torch.empty_strided(t.shape, t.stride(), dtype=as_dtype, device="cpu")
                     made[id(t)] = (torch.nn.Parameter(new, requires_grad=t.requires_grad)
                                    if isinstance(t, torch.nn.Parameter) else new)
                 table[name] = made[id(t)]

@@ -316,9 +316,9 @@ class Pilot:
         """Run phases in order; stop after the first that does not end ok. True when all ended ok."""
         fake_mode = contextlib.nullcontext()
         if self.fake:
-            from torch._subclasses.fake_tensor import FakeTensorMode
+            from probes.fake import EstimateFakeMode
 
-            fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+            fake_mode = EstimateFakeMode()
         # The tracker is entered last, so it sees every op first and counts the (fake) storages made below it.
         # Estimates for a GPU target run that GPU's attention, dropout and autocast (probes/kernels.py).
         with target_kernels(self.cfg.target if self.fake else None) as kernels, fake_mode:

@@ -34,10 +34,11 @@ def _warm_estimates() -> None:
         probes.pilot.Pilot(cfg, tmp, lambda kind, payload: None, "r-warm", "p-warm").run(PHASES)
 
 
+# Everything imported lives as long as the process: keep it out of the collector's scans, so the gc.collect()
+# at every phase boundary costs milliseconds rather than a fifth of a second (the warm-up's seven included).
+gc.collect()
+gc.freeze()
 _warm()
 _warm_estimates()
-
-# Everything imported so far lives as long as the process: keep it out of the collector's scans, so the
-# gc.collect() at every phase boundary costs milliseconds rather than a fifth of a second.
 gc.collect()
 gc.freeze()
