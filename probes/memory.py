@@ -17,11 +17,15 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_flatten
 from torch._subclasses.fake_tensor import FakeTensor
 
+from planner.models.allocator import SimulatedOOM
+
 _DEVICE = torch.ops.prim.device.default
 
 
 class LiveTensorTracker(TorchDispatchMode):
-    """Counts live tensor-storage bytes exactly; raises torch.OutOfMemoryError past `cap_bytes`."""
+    """Counts live tensor-storage bytes exactly; raises torch.OutOfMemoryError past `cap_bytes`: by CUDA's rule
+    when an allocator model is given (configured with the cap as its limit: a segment that would pass it fails
+    once cached blocks are released, as under set_per_process_memory_fraction), else on live bytes."""
 
     def __init__(self, cap_bytes: int | None = None, track_resizes: bool = False, allocator=None):
         super().__init__()
@@ -55,7 +59,7 @@ class LiveTensorTracker(TorchDispatchMode):
             self.refresh()
         if self.live > self.peak:
             self.peak = self.live
-        if self.cap_bytes is not None and self.live > self.cap_bytes:
+        if self.cap_bytes is not None and self.allocator is None and self.live > self.cap_bytes:
             # `out` is released as the exception unwinds, so the count drops back by itself.
             raise torch.OutOfMemoryError(
                 f"CPU cap exceeded: {self.live} live tensor bytes > cap {self.cap_bytes} bytes (rentplan --cap)")
@@ -77,11 +81,16 @@ class LiveTensorTracker(TorchDispatchMode):
         n = st.nbytes()
         self._sizes[key] = n
         self.live += n
-        if self.allocator is not None:
-            self.allocator.malloc(key, n)
         # A weak reference whose callback runs when the storage dies (cheaper than weakref.finalize); it is
         # kept here until then, and is also how refresh() reads sizes back.
         self._refs[key] = weakref.ref(st, lambda _ref, key=key: self._release(key))
+        if self.allocator is not None:
+            try:
+                self.allocator.malloc(key, n)
+            except SimulatedOOM as e:  # `t` is released as the exception unwinds: its count with it
+                raise torch.OutOfMemoryError(
+                    f"CPU cap exceeded: CUDA's caching allocator (modelled) cannot reserve {n} more bytes within "
+                    f"the cap of {self.cap_bytes} bytes (rentplan --cap); {self.live} live tensor bytes. {e}") from None
 
     def _release(self, key: int) -> None:
         self.live -= self._sizes.pop(key, 0)

@@ -34,13 +34,14 @@ Emit = Callable[[str, object], None]
 TRAIN_WORKER_PHASES = ("setup", "first_step", "steady", "eval", "save", "export")
 
 
-def cuda_allocator_model():
-    """The CUDA caching allocator model, configured as PYTORCH_CUDA_ALLOC_CONF asks (None: an option the model
-    does not follow; the line then has no simulated reserved figure)."""
+def cuda_allocator_model(limit_bytes: int | None = None):
+    """The CUDA caching allocator model, configured as PYTORCH_CUDA_ALLOC_CONF asks, under a memory limit as
+    set_per_process_memory_fraction sets one (--cap). None: an option the model does not follow; the line then
+    has no simulated reserved figure (and a cap counts allocated bytes)."""
     from planner.models.allocator import AllocatorConfig, CachingAllocator
 
     try:
-        return CachingAllocator(AllocatorConfig.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF")))
+        return CachingAllocator(AllocatorConfig.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), limit_bytes))
     except ValueError:
         return None
 
@@ -165,7 +166,7 @@ class Pilot:
                 f"; rank 0 of {cfg.world_size} on a fake process group)" if cfg.world_size > 1 else ")")
         emit("env", self.env)
         self.tracker = (LiveTensorTracker(cfg.cap_bytes, track_resizes=cfg.strategy == "fsdp",
-                                          allocator=cuda_allocator_model())
+                                          allocator=cuda_allocator_model(cfg.cap_bytes))
                         if self.device.type == "cpu" else None)
         if self.device.type == "cuda" and cfg.cap_bytes:
             torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.cap_bytes / self.env["device_total_bytes"]),

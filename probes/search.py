@@ -16,7 +16,7 @@ import pandas as pd
 
 from planner.inputs.grid import GridSpec, build_grid
 from planner.ledger import lines_frame
-from planner.models.memory_model import build_model, max_micro_batch, max_seq_len
+from planner.models.memory_model import build_model, max_micro_batch, max_seq_len, phase_bytes
 from planner.records import Line, ProbeConfig
 from probes.runner import run_grid
 
@@ -72,13 +72,15 @@ def find_max(spec: GridSpec, dimension: str, ledger: str, limit: int = 4096, max
         ok = _verdict(mine) == "ok"
         if mode == "estimated":
             res.estimate_probes += 1
-            return ok and mine["peak_allocated_bytes"].max() <= base.cap_bytes, lines_frame(seen)
+            # the cap's rule on a real probe is CUDA's (the modelled caching allocator under it as its limit): the
+            # estimate's need is its simulated reserved peak
+            return ok and phase_bytes(mine, 1.0).max() <= base.cap_bytes, lines_frame(seen)
         res.real_probes += 1
         res.tried.append((size, _verdict(mine)))
         return ok, lines_frame(seen)
 
     def predict(df: pd.DataFrame) -> int:
-        model = build_model(df, 1.0)  # the cap counts allocated bytes: factor 1
+        model = build_model(df, 1.0)  # the need rule: simulated reserved, as the cap counts it
         if model is None:
             return 0
         if dimension == "max-micro-batch":

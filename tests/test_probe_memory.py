@@ -104,6 +104,23 @@ def test_cap_below_need_is_oom_not_crash(tmp_path):
     assert "CPU cap exceeded" in next(line["detail"] for line in lines.values() if line["verdict"] == "oom")
 
 
+def test_cap_follows_cudas_caching_allocator_not_the_allocated_bytes(tmp_path):
+    """`rentplan probe --cap SIZE` on a CPU: a cap above the run's allocated peak but below what CUDA's caching
+    allocator would reserve for the same allocations is an OOM, as set_per_process_memory_fraction makes it on
+    a GPU (a segment that would pass the limit fails once cached blocks are released). Counting allocated bytes
+    called it a fit."""
+    free, _ = run_pilot(tmp_path, micro_batch=1, seq_len=16, eval_seq_len=16)
+    allocated = max(line["peak_allocated_bytes"] for line in free.values())
+    reserved = max(line["simulated_reserved_bytes"] for line in free.values())
+    assert reserved > allocated
+    cap = (allocated + reserved) // 2
+    capped, _ = run_pilot(tmp_path, micro_batch=1, seq_len=16, eval_seq_len=16, cap="between", cap_bytes=cap)
+    oom = [line for line in capped.values() if line["verdict"] == "oom"]
+    assert oom and "caching allocator" in oom[0]["detail"], {p: x["verdict"] for p, x in capped.items()}
+    roomy, _ = run_pilot(tmp_path, micro_batch=1, seq_len=16, eval_seq_len=16, cap="reserved", cap_bytes=reserved)
+    assert all(line["verdict"] == "ok" for line in roomy.values())
+
+
 @pytest.mark.slow
 def test_cap_above_need_is_ok(tmp_path):
     lines, _ = run_pilot(tmp_path, micro_batch=1, seq_len=16, eval_seq_len=16, cap="1GiB", cap_bytes=2**30)
