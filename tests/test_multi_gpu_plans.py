@@ -68,6 +68,9 @@ def test_ddp_when_replicas_are_faster_single_when_the_all_reduce_eats_the_gain(t
     assert eight["examples_per_update"] == 16 and eight["micro_batch"] * eight["grad_accum"] == 2
     assert "DDP × 8: a replica fits one GPU; 8 replicas:" in eight["strategy_why"]
     assert "all-reduce of the gradients" in eight["time_basis"]
+    # how the collectives are counted beside compute is said, and is what the range does
+    assert "fast end fully overlapped with compute, point half, slow end not at all" in eight["time_basis"]
+    assert eight["update_s_low"] <= eight["update_s_high"]
     assert eight["update_s_high"] < row(heavy, "h100-1x")["update_s_high"]
 
     (tmp_path / "b").mkdir()

@@ -179,5 +179,5 @@ def update_time(tp: Throughput, gpu: Gpu, precision: str, micro_batch: int, seq_
         comm = comm_time(tp, strategy, gpu, offer, grad_accum)
         lo, hi = max(lo, comm.seconds), hi + comm.seconds
         point = None if point is None else point + comm.seconds / 2
-        basis += f"; {comm.basis}"
+        basis += f"; {comm.basis}; fast end fully overlapped with compute, point half, slow end not at all"
     return TimeRange(lo, hi, basis, point)
