@@ -33,6 +33,9 @@ class LiveTensorTracker(TorchDispatchMode):
         # A model of CUDA's caching allocator (planner/models/allocator.py) fed every storage as it comes and goes:
         # the reserved bytes a CUDA GPU would hold for the same allocations. It holds no tensor, only sizes.
         self.allocator = allocator
+        # CUDA's rule holds the cap only when the model has the cap as its limit; otherwise live bytes do
+        self._allocator_caps = allocator is not None and cap_bytes is not None and (
+            allocator.config.limit_bytes == cap_bytes)
         self.live = 0
         self.peak = 0
         self.ops = 0
@@ -59,7 +62,7 @@ class LiveTensorTracker(TorchDispatchMode):
             self.refresh()
         if self.live > self.peak:
             self.peak = self.live
-        if self.cap_bytes is not None and self.allocator is None and self.live > self.cap_bytes:
+        if self.cap_bytes is not None and not self._allocator_caps and self.live > self.cap_bytes:
             # `out` is released as the exception unwinds, so the count drops back by itself.
             raise torch.OutOfMemoryError(
                 f"CPU cap exceeded: {self.live} live tensor bytes > cap {self.cap_bytes} bytes (rentplan --cap)")
@@ -87,7 +90,7 @@ class LiveTensorTracker(TorchDispatchMode):
         if self.allocator is not None:
             try:
                 self.allocator.malloc(key, n)
-            except SimulatedOOM as e:  # `t` is released as the exception unwinds: its count with it
+            except SimulatedOOM as e:  # only with a limit, which is the cap (_allocator_caps)  # `t` is released as the exception unwinds: its count with it
                 raise torch.OutOfMemoryError(
                     f"CPU cap exceeded: CUDA's caching allocator (modelled) cannot reserve {n} more bytes within "
                     f"the cap of {self.cap_bytes} bytes (rentplan --cap); {self.live} live tensor bytes. {e}") from None

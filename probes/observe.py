@@ -119,6 +119,8 @@ class PhaseRecorder:
                        **config}
         self.env = environment(device)
         if device.type == "cpu":  # entered here, left in end()/fail(): every tensor made meanwhile is counted
+            # The cap counts live bytes here, not CUDA's rule (probe/estimate): the user's model exists before
+            # the recorder, and an allocator-model OOM while counting it would come before any line.
             self.tracker = LiveTensorTracker(self.cap_bytes, allocator=cuda_allocator_model())
             self.tracker.__enter__()
             self._tracking = True
