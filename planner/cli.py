@@ -463,11 +463,17 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
     from planner.inputs.campaign_spec import load_campaign
     from planner.inputs.catalog import load_catalog
     from planner.outputs.orders import order_for
-    from planner.decisions.pipeline import make_plan, recommend
+    from planner.decisions.pipeline import make_plan
     from planner.outputs.render import write_outputs
 
     from planner.decisions.select import observed_times
 
+    from planner.inputs.names import label_problem
+
+    for option, path in (("--campaign", campaign_path), ("--out", out)):
+        why = path is not None and label_problem(str(path))
+        if why:  # both reach sky.yaml's file mounts and run lines
+            raise InputError(f"{option} {str(path)!r} {why}; name a folder or file without it.")
     campaign = load_campaign(campaign_path)
     catalog = load_catalog(catalog_path)
     memory_fixes = {v.id: k for v in campaign.variants for k in campaign.changed(v) if k != "lr"}
@@ -478,8 +484,12 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
     with Ledger(ledger_path, create=False) as led:
         lines, runs, metrics = led.frame(), led.table("campaign_runs"), led.table("campaign_metrics")
     result = make_plan(campaign, lines, catalog, headroom, parse_days(days),
-                       observed=observed_times(runs, metrics, campaign))
+                       observed=observed_times(runs, metrics, campaign), offer_id=offer_id)
     order = order_for(campaign, result, catalog, headroom, offer_id)
+    if order is not None and order["expect"]["device_kind"] == "rocm":
+        progress(f"note: no sky.yaml for {order['offer']['id']}: rentplan has not sized ROCm GPUs (its need and time "
+                 "use CUDA's allocator, kernels and context) and does not launch them; order.json says what was "
+                 "planned")
     if out:
         written = write_outputs(Path(out), campaign, result.sheet, result.plans, result.budget, result.lines,
                                 catalog, headroom, order, spec_path=str(campaign_path))
@@ -493,15 +503,36 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
     if fmt != "csv":
         click.echo("")
         click.echo(render(plans_view(result.plans, fmt), fmt))
-        rec = recommend(result.sheet)
-        if rec is not None:
-            from planner.units import fmt_usd
+        click.echo("\n" + decision_text(result.sheet))
+        from planner.decisions.plans import window_notes
 
-            click.echo(f"\nRecommended: {rec['offer']} ({rec['gpu']}, {rec['strategy_label']}, {rec['precision']}, "
-                       f"micro-batch {rec['micro_batch']} × accumulation {rec['grad_accum']}); campaign "
-                       f"{fmt_usd(rec['campaign_cost_usd_low'])}–{fmt_usd(rec['campaign_cost_usd_high'])}.")
-            click.echo(f"Strategy: {rec['strategy_why']}.")
+        for note in window_notes(result.plans, result.sheet):
+            click.echo(note)
     return result
+
+
+def decision_text(sheet) -> str:
+    """What stdout says was decided: the same decision as the sheet, order.json and sky.yaml."""
+    from planner.decisions.pipeline import ordered, recommend
+    from planner.units import fmt_usd
+
+    def describe(r):
+        return (f"{r['offer']} ({r['gpu']}, {r['strategy_label']}, {r['precision']}, micro-batch {r['micro_batch']} × "
+                f"accumulation {r['grad_accum']}); campaign {fmt_usd(r['campaign_cost_usd_low'])}–"
+                f"{fmt_usd(r['campaign_cost_usd_high'])}")
+    rec, mine = recommend(sheet), ordered(sheet)
+    if sheet.attrs.get("order_for_this_machine"):
+        head = "Ordered: this machine (--offer local)." + (f" Recommended: {describe(rec)}." if rec is not None else "")
+        return head
+    if mine is None:
+        return "Nothing to order: no offer fits."
+    text = f"Recommended and ordered: {describe(mine)}." if rec is not None and rec["offer"] == mine["offer"] else (
+        f"Ordered (you chose it with --offer): {describe(mine)}.\n"
+        + (f"Recommended: {describe(rec)}." if rec is not None else "rentplan recommends no offer."))
+    text += f"\nStrategy: {mine['strategy_why']}."
+    if mine["unmodelled"]:
+        text += f"\nNot modelled: {mine['unmodelled']}."
+    return text
 
 
 @cli.command()

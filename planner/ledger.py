@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import os
 import socket
 import sqlite3
@@ -198,6 +199,7 @@ class Ledger:
         df = pd.read_sql_query("SELECT * FROM lines ORDER BY seq", self.db)
         if "checkpointing" in df:
             df["checkpointing"] = df["checkpointing"].astype(bool)
+        check_versions(df, self.path)
         return df
 
     def standing_lines(self, config_key: str) -> list[Line]:
@@ -274,6 +276,25 @@ def run_state(lines: list[tuple[str, str]]) -> str:
     if all(p in phases_ok for p in PHASES):
         return "done"
     return "incomplete"
+
+
+# torch and CUDA versions as torch reports them ("2.13.0+cpu", "2.6.0.dev20241112+cu124", "12.4"): they reach
+# order.json and sky.yaml's pip line, so a ledger value that is anything else is refused where it is read.
+VERSION = re.compile(r"\d+(\.\d+){1,3}[A-Za-z0-9.+_-]{0,64}")
+
+
+def check_versions(df: pd.DataFrame, source) -> None:
+    for col in ("torch_version", "cuda_version"):
+        if col not in df:
+            continue
+        values = df[col].dropna().astype(str)
+        bad = values[~values.map(lambda v: bool(VERSION.fullmatch(v)))]
+        if len(bad):
+            i = bad.index[0]
+            run = df.loc[i, "run_id"] if "run_id" in df else "?"
+            raise LedgerError(f"{source}: line {i + 1} (run {run}) has {col} {bad.iloc[0][:80]!r}, which is not a "
+                              "version as torch reports one: the ledger was edited outside rentplan. Probe again "
+                              "into a new ledger (--ledger NEW.db).")
 
 
 def lines_frame(lines: Iterable[Line]) -> pd.DataFrame:

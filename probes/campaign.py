@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from planner.tools.archive import sha256
-from planner.inputs.campaign_spec import Campaign, Variant, judge_loss, resolve_params, resolve_workload
+from planner.inputs.campaign_spec import (KEPT_CHECKPOINTS, Campaign, Variant, judge_loss, resolve_params,
+                                          resolve_workload)
 from planner.ledger import Ledger, new_id
 from planner.records import ProbeConfig
 from probes import checkpoint
@@ -248,6 +249,10 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
                     for k in kept:
                         led.add("campaign_predictions", {"run_id": run_id, "update_no": u, **k})
                     progress(f"{variant.id} seed {seed}: update {u}/{updates} val loss {loss:.4f}")
+                if u % campaign.save_every == 0 and u < updates:  # the plan reserves these saves' time
+                    t3 = time.perf_counter()
+                    save_checkpoint(trainer, run_dir, u)
+                    metric("save", u, time.perf_counter() - t3)
             t2 = time.perf_counter()
             model_path = run_dir / "model.safetensors"
             checkpoint.export(trainer, str(model_path), adapter=campaign.export == "adapter")
@@ -266,6 +271,18 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
             event("error", 0, last_line(e))
             progress(f"{variant.id} seed {seed}: error: {last_line(e)}")
             return run_id, "error"
+
+
+def save_checkpoint(trainer, run_dir: Path, update: int) -> None:
+    """The full training state at this update (probes/checkpoint.save: what resume reads), the newest
+    KEPT_CHECKPOINTS kept."""
+    path = run_dir / f"checkpoint-{update:09d}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)  # FSDP ranks on other nodes write their shards beside it
+    checkpoint.save(trainer, str(path))
+    if trainer.rank == 0:
+        for old in sorted(run_dir.glob("checkpoint-*.pt"))[:-KEPT_CHECKPOINTS]:
+            old.unlink()
+            shutil.rmtree(f"{old}.dcp", ignore_errors=True)
 
 
 class _OtherRank:

@@ -71,22 +71,46 @@ def device_checks(order: dict) -> tuple[list[dict], str | None]:
     return checks, "cpu"
 
 
+def torch_build() -> str:
+    """cuda | rocm | cpu: the build of the installed torch (not whether a device is visible)."""
+    if getattr(torch.version, "hip", None):
+        return "rocm"
+    return "cuda" if torch.version.cuda else "cpu"
+
+
+BUILD_FIX = {"cuda": "pip install --force-reinstall {req} (PyPI's Linux wheel is the CUDA build)",
+             "rocm": "install the ROCm build of {req} from PyTorch's ROCm wheel index (pytorch.org, 'Get started')",
+             "cpu": "any build runs a CPU order"}
+
+
 def software_checks(order: dict) -> list[dict]:
+    """The stack, without importing the workload: torch's version and build, rentplan's extras' packages, and
+    where the workload's function is (found by reading its file, not by running it)."""
     checks = []
     want = str(order["expect"].get("torch") or "").replace(">=", "").split("(")[0].strip()
     if want:
         ok = _version_tuple(torch.__version__)[:2] >= _version_tuple(want)[:2]
         checks.append(_check("torch", ok, f"{torch.__version__} installed; order asks >= {want}"))
+    stack = order["stack"]
+    kind, build = stack["torch_build"], torch_build()
+    if kind != "cpu":
+        fix = BUILD_FIX[kind].format(req=stack["torch_requirement"])
+        checks.append(_check("torch build", build == kind,
+                             f"{torch.__version__} is the {build.upper()} build; the order is for {kind.upper()}"
+                             + ("" if build == kind else f": {fix}")))
     from planner.errors import WorkloadError
-    from probes.workloads import describe_workload
+    from probes.workloads import locate_workload
 
     try:
-        checks.append(_check("workload", True, "will import " + describe_workload(order["settings"]["workload"])))
+        checks.append(_check("workload", True, locate_workload(order["settings"]["workload"])))
     except WorkloadError as e:
         checks.append(_check("workload", False, str(e)))
-    missing = [p for p in order.get("packages", []) if importlib.util.find_spec(p) is None]
-    checks.append(_check("packages", not missing, "missing: " + ", ".join(missing) if missing else
-                         "all importable: " + ", ".join(order.get("packages", []))))
+    packages = stack["packages"]
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    extras = ",".join(stack["extras"])
+    checks.append(_check("packages", not missing,
+                         f"missing: {', '.join(missing)} (pip install 'rentplan[{extras}]')" if missing else
+                         "all importable: " + ", ".join(packages)))
     return checks
 
 

@@ -64,7 +64,7 @@ def _import_file(target: str, ref: str):
     return module
 
 
-def _import_module(target: str, ref: str):
+def _refuse_foreign(target: str, ref: str) -> None:
     top = target.split(".")[0]
     if top in sys.stdlib_module_names:
         raise WorkloadError(f"workload {ref!r} names the standard library module {target!r}: a workload must be a "
@@ -72,6 +72,10 @@ def _import_module(target: str, ref: str):
     if top in OWN_PACKAGES:
         raise WorkloadError(f"workload {ref!r} names rentplan's own module {target!r}; use builtin:gpt, "
                             "builtin:classifier, or your own file or module.")
+
+
+def _import_module(target: str, ref: str):
+    _refuse_foreign(target, ref)
     try:
         found = importlib.util.find_spec(target)
     except (ImportError, ValueError) as e:
@@ -117,18 +121,72 @@ def _own_callable(module, func: str, target: str, ref: str):
     return obj
 
 
-def describe_workload(ref: str) -> str:
-    """What a reference will import and call, resolved under the same rules as load_workload, without calling
-    anything of the workload's (its module is imported: that is how Python finds the function)."""
-    if ref.startswith(("builtin:", "hf:")):
-        return f"{ref} (rentplan's own loader)"
-    obj = _factory(ref)
+OWN_LOOPS = ("trainer:", "lightning:", "script:")
+
+
+def locate_workload(ref: str) -> str:
+    """Where a reference's function is, found by reading files, never by importing them: what `verify` says
+    before its pilot imports anything. The same rules as load_workload (a function or class defined in the
+    user's own file or module)."""
+    if ref.startswith(OWN_LOOPS):
+        return f"{ref}: your own loop (measured by a callback or probe --script); rentplan imports nothing of it"
+    if ref.startswith("builtin:"):
+        _builtin(ref.split(":", 1)[1])
+        return f"{ref} (rentplan's own)"
+    if ref.startswith("hf:"):
+        path = Path(ref[3:])
+        config = path / "config.json" if path.is_dir() else path
+        if not config.is_file():
+            raise WorkloadError(f"{ref}: no config.json at {config}.")
+        return f"{ref} (rentplan's own loader of {config})"
+    if ":" not in ref:
+        raise WorkloadError(f"workload {ref!r} is not a reference. Use builtin:gpt, path/file.py:function "
+                            "or package.module:function.")
+    target, func = ref.rsplit(":", 1)
+    if target.endswith(".py") or "/" in target or os.sep in target:
+        if Path(target).suffix != ".py":
+            raise WorkloadError(f"workload file {target} is not a .py file (from {ref!r}).")
+        origin = target
+    else:
+        origin = _module_file(target, ref)
+    if not Path(origin).is_file():
+        raise WorkloadError(f"workload file {origin} not found (from {ref!r}).")
+    line = _top_level_definition(origin, func, ref)
+    return f"will import {func} (line {line} of {origin}) when the pilot runs; not imported by this check"
+
+
+def _module_file(target: str, ref: str) -> str:
+    """The file of package.module, found the way import would find it (sys.path, then each package's own
+    folders) without running any package's __init__."""
+    from importlib.machinery import PathFinder
+
+    _refuse_foreign(target, ref)
+    parts, search, spec = target.split("."), None, None
+    for i in range(len(parts)):
+        spec = PathFinder.find_spec(".".join(parts[:i + 1]), search)
+        if spec is None:
+            raise WorkloadError(f"cannot find module {target!r} (from {ref!r}); is it on PYTHONPATH?")
+        search = spec.submodule_search_locations
+    if not spec.origin or not spec.origin.endswith(".py"):
+        raise WorkloadError(f"module {target!r} (from {ref!r}) is not a Python source file.")
+    if _installed(spec.origin):
+        raise WorkloadError(f"workload {ref!r} names {target!r}, an installed package ({spec.origin}): a workload "
+                            "must be a function or class in your own file or module, not a library's.")
+    return spec.origin
+
+
+def _top_level_definition(origin: str, func: str, ref: str) -> int:
+    import ast
+
     try:
-        line = inspect.getsourcelines(obj)[1]
-        where = f"{inspect.getsourcefile(obj)}, line {line}"
-    except (OSError, TypeError):
-        where = getattr(obj, "__module__", "?")
-    return f"{'class' if inspect.isclass(obj) else 'function'} {obj.__qualname__} in {where}"
+        tree = ast.parse(Path(origin).read_bytes(), filename=origin)
+    except (SyntaxError, ValueError, OSError) as e:
+        raise WorkloadError(f"cannot read {origin} as Python (from {ref!r}): {e}") from None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == func:
+            return node.lineno
+    raise WorkloadError(f"{origin} defines no function or class {func!r} at its top level (from {ref!r}): name "
+                        "the function where it is written.")
 
 
 def load_workload(ref: str, params: dict[str, Any] | None = None):

@@ -46,6 +46,11 @@ def pilot_lines(cfg: ProbeConfig, peak_bytes: dict[str, int] | int, update_s: fl
                       param_bytes=4 * params)
         if phase == "first_step":
             kw.update(optimizer_state_bytes=8 * params if optimizer_state_bytes is None else optimizer_state_bytes)
+        if phase == "save":  # the checkpoint file: weights, optimizer state and a little more
+            kw.update(checkpoint_bytes=4 * params + (8 * params if optimizer_state_bytes is None
+                                                     else optimizer_state_bytes) + 4096)
+        if phase == "export":  # the safetensors weights
+            kw.update(checkpoint_bytes=4 * params + 1024)
         if phase == "steady":
             kw.update(update_s=update_s, update_times_s=json.dumps([update_s] * 3), ops_per_update=500,
                       flops_per_update=flops_per_update)

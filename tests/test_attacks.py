@@ -425,7 +425,7 @@ def test_verify_refuses_invalid_orders(tmp_path):
     made = an_order(tmp_path)
     for change, says in ((("expect", "device_kind", "tpu"), "device_kind"),
                          (("settings", "precision", "fp64"), "precision"),
-                         (("packages", None, "torch"), "packages")):
+                         (("stack", "packages", "torch"), "packages")):
         order = json.loads(json.dumps(made))
         section, key, value = change
         if key is None:
@@ -443,7 +443,7 @@ def test_verify_says_which_workload_it_will_import_and_refuses_a_foreign_one(tmp
     path = tmp_path / "order.json"
     path.write_text(json.dumps(made))
     r = attack(["verify", path, "--skip-pilot"], [path], code=None)
-    assert "[ok  ] workload: will import builtin:gpt" in r.output
+    assert "[ok  ] workload: builtin:gpt (rentplan's own)" in r.output
     made["settings"]["workload"] = "os:system"
     path.write_text(json.dumps(made))
     r = attack(["verify", path, "--skip-pilot"], [path], says="standard library")

@@ -341,9 +341,9 @@ variants:
     r = run("campaign", "run", path, "--ledger", led, "--out", tmp_path / "runs")
     assert "start-up: " in r.output and "not billed to any variant" in r.output
     m = tables(led)["campaign_metrics"]
-    assert set(m["kind"]) == {"setup", "train", "val", "export"}
+    assert set(m["kind"]) == {"setup", "train", "val", "save", "export"}  # a checkpoint at each evaluation
     (row,) = report_rows(led)
-    billed = m[m["kind"].isin(["train", "val", "export"])]["seconds"].sum()
+    billed = m[m["kind"].isin(["train", "val", "save", "export"])]["seconds"].sum()
     assert row["hours"] == pytest.approx(billed / 3600)
     assert row["setup_s"] == pytest.approx(m[m["kind"] == "setup"]["seconds"].sum())
 

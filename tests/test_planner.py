@@ -79,7 +79,8 @@ def test_cheapest_offer_equals_brute_force(offers, hours_needed):
     camp = load_campaign_text(campaign_yaml(setup_hours=0), "t")
     sheet = pd.DataFrame([{"offer": f"o{i}", "gpu": "g", "provider": "p", "strategy": "single", "strategy_label": "single", "verdict": FITS,
                            "variant_hours_low": h / speed, "variant_hours_high": h / speed,
-                           "price_per_hour_usd": price, "billing_minimum_hours": 0.0}
+                           "price_per_hour_usd": price, "billing_minimum_hours": 0.0, "unmodelled": "",
+                           "idle_gpus": 0, "software": "cuda"}
                           for i, (price, speed) in enumerate(offers) for h in [hours_needed]])
     plans = plan_windows(sheet, camp, [3])
     cost = {r.offer: r.price_per_hour_usd * r.variant_hours_high * 2 for r in sheet.itertuples()}

@@ -12,6 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from planner.cli import cli
+from planner.outputs.launch import Launch, Layout
 from planner.outputs.skypilot import disk_gb, sky_task
 from tests.factories import campaign_yaml, standard_ledger
 
@@ -29,6 +30,7 @@ print(json.dumps({"accelerators": r.accelerators, "use_spot": r.use_spot, "cloud
 
 
 def planned(tmp_path, offer, catalog=None):
+    os.chdir(tmp_path)  # the launch folder: sky launch runs where plan ran
     ledger = standard_ledger(tmp_path / "l.db")
     camp = tmp_path / "c.yaml"
     camp.write_text(campaign_yaml())
@@ -64,23 +66,25 @@ def multi_node_catalog(tmp_path):
     ("aws-h200_sxm-8x", {"accelerators": {"H200": 8}, "use_spot": False, "cloud": "AWS", "num_nodes": 1}),
 ])
 @pytest.mark.slow
-def test_sky_accepts_the_order(tmp_path, offer, want):
+def test_sky_accepts_the_order(tmp_path, offer, want, monkeypatch):
+    monkeypatch.chdir(ROOT)
     order, path = planned(tmp_path, offer)
     task = sky_parse(path)
     assert {k: task[k] for k in want} == want
-    assert f"rentplan verify {os.path.relpath(path.parent / 'order.json')}" in task["run"]
+    assert f"rentplan verify {offer}/order.json" in task["run"]
     strategy = order["settings"]["strategy"]  # single | ddp | fsdp; the label (e.g. "ddp × 8") beside it
     assert order["settings"]["strategy_label"].startswith(strategy)
     if strategy == "single":
         assert "rentplan campaign run" in task["run"] and "torchrun" not in task["run"]
     else:
         assert "torchrun" in task["run"] and "$SKYPILOT_NODE_RANK" in task["run"]
-        assert "c.yaml --ledger rentplan.db --out rentplan-runs --strategy " + strategy in task["run"]
-    assert "pip install -q 'torch==2.13.0'" in task["setup"]  # the pilot's torch, without +cpu
+        assert "order-campaign.yaml --ledger rentplan.db --out rentplan-runs --strategy " + strategy in task["run"]
+    assert "pip install -q torch==2.13.0" in task["setup"]  # the pilot's torch, without +cpu
 
 
 @pytest.mark.slow
-def test_multi_node_offer_gives_num_nodes_region_and_torchrun(tmp_path):
+def test_multi_node_offer_gives_num_nodes_region_and_torchrun(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
     order, path = planned(tmp_path, "aws-h100-2node", multi_node_catalog(tmp_path))
     assert order["offer"]["nodes"] == 2 and order["offer"]["region"] == "us-east-1"
     task = sky_parse(path)
@@ -89,21 +93,24 @@ def test_multi_node_offer_gives_num_nodes_region_and_torchrun(tmp_path):
     assert yaml.safe_load(path.read_text())["resources"]["region"] == "us-east-1"
 
 
-def test_disk_holds_kept_checkpoints_and_the_export():
+def test_disk_holds_kept_checkpoints_and_the_export(tmp_path):
     gib = 1024**3
     assert disk_gb(None, None) == 100
     assert disk_gb(40 * gib, 14 * gib) == 100 + 3 * 40 + 14
     order = {"campaign": "x", "offer": {"id": "o", "provider": "market_range_longtail", "gpus_per_instance": 1,
                                        "nodes": 1, "spot": False},
-             "expect": {"gpu_id": "rtx_4090"}, "settings": {"strategy": "single", "workload": "hf:/m"}}
-    task = sky_task(order, "out/order.json", "c.yaml", "torch==2.13.0", 10 * gib, None)
+             "expect": {"gpu_id": "rtx_4090"}, "settings": {"strategy": "single", "workload": "builtin:gpt"},
+             "stack": {"torch_requirement": "torch==2.13.0", "extras": ["probe", "hf"]}}
+    launch = Launch(order, "", "out/order.json", "out/order-campaign.yaml", Layout(tmp_path))
+    task = sky_task(order, launch, 10 * gib, None)
+    assert task["resources"]["disk_size"] == 130
     assert "cloud" not in task["resources"]  # a market range names no cloud: SkyPilot chooses
-    assert "[probe,hf]" in task["setup"]
+    assert task["setup"].splitlines()[-1] == "pip install -q 'rentplan[probe,hf]'"
     # Lines from the user's own loop: the stack is verified, and the run asks for their command instead of
     # starting a campaign rentplan cannot run.
     own = {**order, "settings": {"strategy": "ddp × 8", "workload": "trainer:my-llama", "micro_batch": 4,
                                  "grad_accum": 2}}
-    run = sky_task(own, "out/order.json", "c.yaml", "torch==2.13.0")["run"]
+    run = sky_task(own, launch)["run"]
     assert "rentplan verify out/order.json --skip-pilot" in run and "campaign run" not in run and "exit 2" in run
 
 

@@ -35,7 +35,8 @@ FACTS = {"setup": {"param_count": "param_count", "trainable_param_count": "train
          "first_step": {"optimizer_state_bytes": "optimizer_state_bytes", "flops_per_update": "flops_first_step"},
          "steady": {"update_s": "update_s", "flops_per_update": "flops_per_update",
                     "ops_per_update": "ops_per_update", "op_profile_json": "op_profile_json"},
-         "export": {"seconds": "export_s"}}
+         "save": {"seconds": "save_s", "checkpoint_bytes": "save_bytes"},
+         "export": {"seconds": "export_s", "checkpoint_bytes": "export_bytes"}}
 
 
 def run_facts(lines: pd.DataFrame) -> pd.DataFrame:

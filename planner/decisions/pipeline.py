@@ -9,7 +9,7 @@ import pandas as pd
 from planner.inputs.campaign_spec import Campaign
 from planner.inputs.catalog import Catalog
 from planner.errors import InputError
-from planner.decisions.plans import budget_review, plan_windows, recommend
+from planner.decisions.plans import budget_review, mark_ordered, ordered, plan_windows, recommend
 from planner.decisions.select import CampaignFamily, family_lines, require_feasible, select
 
 
@@ -23,15 +23,18 @@ class PlanResult:
 
 
 def make_plan(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: float = 0.10,
-              days: list[int] | None = None, observed: dict | None = None) -> PlanResult:
+              days: list[int] | None = None, observed: dict | None = None, offer_id: str | None = None) -> PlanResult:
+    """offer_id: the offer order.json is for (None: the recommendation; 'local': this machine): the sheet marks it
+    `ordered`, and the budget prices the variants on it."""
     if not 0 <= headroom < 1:
         raise InputError(f"--headroom must be a fraction in [0, 1), got {headroom}.")
     days = days or [3, 7, 30]
     fams = CampaignFamily(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
     sheet = select(campaign, lines, catalog, headroom, observed=observed, fams=fams)
     require_feasible(sheet, catalog)
+    sheet = mark_ordered(sheet, offer_id)
     plans = plan_windows(sheet, campaign, days)
     return PlanResult(sheet, plans, budget_review(sheet, plans, campaign), fams.lines, fams)
 
 
-__all__ = ["PlanResult", "make_plan", "recommend"]
+__all__ = ["PlanResult", "make_plan", "ordered", "recommend"]

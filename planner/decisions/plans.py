@@ -4,7 +4,11 @@ Packing objective, in order: the most priority-1 variants, then the most priorit
 fewest hours; then the variants declared first. Taking each priority level's shortest variants first is
 optimal for it (a shortest-first prefix maximises the count and leaves the most time for later levels);
 tests check it against brute-force enumeration. Each variant's hours already hold its training, every
-evaluation pass (the final one included) and its export; setup is paid once per window.
+evaluation pass (the final one included), its checkpoint saves and its export; setup is paid once per window.
+
+Each window's ★ follows the rule of the sheet's recommendation (planner/decisions/select.py: preference), ranked
+by what the window costs among the offers that complete the priority-1 variants in it; where the two name
+different offers, `window_notes` says why.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from planner.inputs.campaign_spec import Campaign
-from planner.decisions.select import NO_FIT
+from planner.decisions.select import NO_FIT, preference
+from planner.units import fmt_usd
 
 EPS = 1e-9
 PER_OFFER = 15  # offers in the budget review's table
@@ -72,6 +77,7 @@ def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd
         frames.append(pd.DataFrame({
             "days": d, "offer": fitting["offer"], "gpu": fitting["gpu"], "provider": fitting["provider"],
             "strategy": fitting["strategy"], "strategy_label": fitting["strategy_label"], "verdict": fitting["verdict"],
+            "unmodelled": fitting["unmodelled"], "idle_gpus": fitting["idle_gpus"], "software": fitting["software"],
             "variants_in": hours.map({h: ", ".join(variants[i].id for i in c) for h, c in chosen.items()}),
             "variants_out": hours.map({h: ", ".join(v.id for i, v in enumerate(variants) if i not in c)
                                        for h, c in chosen.items()}),
@@ -86,11 +92,12 @@ def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd
     df["completes_priority_1"] = df["completes_priority_1"].astype(bool)
     df["cheapest_for_priority_1"] = False
     for d in days:
-        ok = df[(df["days"] == d) & df["completes_priority_1"]]
-        if not ok.empty:
-            df.loc[ok.sort_values(["cost_usd_high", "hours_used_high"]).index[0], "cheapest_for_priority_1"] = True
-    return df.sort_values(["days", "cheapest_for_priority_1", "cost_usd_high"], ascending=[True, False, True]) \
-        .reset_index(drop=True)
+        best = preference(df[(df["days"] == d) & df["completes_priority_1"]], "cost_usd_high", "hours_used_high")
+        if not best.empty:
+            df.loc[best.index[0], "cheapest_for_priority_1"] = True
+    df["_m"] = df["unmodelled"].fillna("") != ""  # listed after what is fully modelled, as in the selection
+    return df.sort_values(["days", "cheapest_for_priority_1", "_m", "cost_usd_high"],
+                          ascending=[True, False, True, True]).drop(columns="_m").reset_index(drop=True)
 
 
 def recommend(sheet: pd.DataFrame) -> pd.Series | None:
@@ -99,13 +106,69 @@ def recommend(sheet: pd.DataFrame) -> pd.Series | None:
     return None if rec.empty else rec.iloc[0]
 
 
-def budget_review(sheet: pd.DataFrame, plans: pd.DataFrame, campaign: Campaign) -> dict:
-    """Cost per variant (at the recommended offer), per plan (cheapest per window) and per offer; vs the cap."""
+def ordered(sheet: pd.DataFrame) -> pd.Series | None:
+    """The row order.json is for: the recommendation, or the offer named with --offer (None: nothing fits, or
+    the order is for this machine)."""
+    rows = sheet[sheet["ordered"]] if "ordered" in sheet else sheet.iloc[0:0]
+    return None if rows.empty else rows.iloc[0]
+
+
+def mark_ordered(sheet: pd.DataFrame, offer_id: str | None) -> pd.DataFrame:
+    """The sheet with its `ordered` column: the decision every output (sheet, stdout, order.json, sky.yaml,
+    pictures, budget) tells. An unknown id is refused with the nearest ones."""
+    from planner.outputs.orders import offer_row
+
+    out = sheet.copy()
+    if offer_id is None:
+        out["ordered"] = out["recommended"]
+    else:
+        out["ordered"] = False
+        if offer_id != "local":
+            out.loc[offer_row(sheet, offer_id).name, "ordered"] = True
+    out.attrs = dict(sheet.attrs, ordered_by="you (--offer)" if offer_id else "the recommendation",
+                     order_for_this_machine=offer_id == "local")
+    return out
+
+
+def window_notes(plans: pd.DataFrame, sheet: pd.DataFrame) -> list[str]:
+    """Why a window's ★ is not the recommended offer: the ★ ranks what fits in that window, the recommendation
+    the whole campaign."""
     rec = recommend(sheet)
+    if rec is None or plans.empty:
+        return []
+    notes = []
+    for d, g in plans.groupby("days", sort=True):
+        star = g[g["cheapest_for_priority_1"]]
+        if star.empty or star["offer"].iloc[0] == rec["offer"]:
+            continue
+        s, mine = star.iloc[0], g[g["offer"] == rec["offer"]]
+        if mine.empty:
+            why = f"the recommended {rec['offer']} does not complete the priority-1 variants in {d} days"
+        else:
+            m = mine.iloc[0]
+            why = (f"in {d} days the recommended {rec['offer']} runs {m['variants_in'] or 'nothing'} for "
+                   f"{fmt_usd(m['cost_usd_high'])}, while ★ {s['offer']} runs {s['variants_in']} for "
+                   f"{fmt_usd(s['cost_usd_high'])}: ★ is the cheapest that completes priority 1 in the window, the "
+                   "recommendation the cheapest for the whole campaign")
+        notes.append(f"{d} days: ★ {s['offer']} is not the recommendation: {why}.")
+    return notes
+
+
+HOUR_KINDS = ("train", "eval", "save", "export")
+
+
+def budget_review(sheet: pd.DataFrame, plans: pd.DataFrame, campaign: Campaign) -> dict:
+    """Cost per variant (at the ordered offer), by kind of hour, per plan (★ per window) and per offer; vs the
+    cap."""
+    rec = ordered(sheet) if "ordered" in sheet else recommend(sheet)
     per_variant = []
     if rec is not None:
+        kinds = {k: (rec[f"{k}_hours_low"], rec[f"{k}_hours_high"]) if k in ("train", "eval") else
+                 (rec[f"{k}_hours"], rec[f"{k}_hours"]) for k in HOUR_KINDS}
         for v in campaign.variants:
             per_variant.append({"variant": v.id, "priority": v.priority,
+                                **{f"{k}_hours_{e}": x for k, pair in kinds.items() for e, x in zip(("low", "high"),
+                                                                                                pair)},
                                 "hours_low": rec["variant_hours_low"], "hours_high": rec["variant_hours_high"],
                                 "cost_usd_low": rec["variant_hours_low"] * rec["price_per_hour_usd"],
                                 "cost_usd_high": rec["variant_hours_high"] * rec["price_per_hour_usd"]})
@@ -124,8 +187,10 @@ def budget_review(sheet: pd.DataFrame, plans: pd.DataFrame, campaign: Campaign) 
     if cap is not None and rec is not None:
         total = float(rec["campaign_cost_usd_high"])
         under = fitting[fitting["campaign_cost_usd_high"] <= cap]
-        verdict = {"cap_usd": cap, "recommended_cost_usd_high": total, "within": total <= cap,
+        verdict = {"cap_usd": cap, "ordered_cost_usd_high": total, "within": total <= cap,
                    "offers_within_cap": int(len(under)),
                    "margin_usd": cap - total}
-    return {"recommended": None if rec is None else rec["offer"], "per_variant": per_variant,
+    best = recommend(sheet)
+    return {"recommended": None if best is None else best["offer"], "ordered": None if rec is None else rec["offer"],
+            "per_variant": per_variant,
             "per_plan": per_plan, "per_offer": per_offer, "offers_that_fit": int(len(fitting)), "budget": verdict}

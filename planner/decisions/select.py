@@ -147,15 +147,16 @@ def campaign_seq_len(campaign: Campaign, fam_lines: pd.DataFrame) -> tuple[int, 
 
 
 def observed_times(runs: pd.DataFrame, metrics: pd.DataFrame, campaign: Campaign) -> dict[str, dict]:
-    """Median update, evaluation-pass and export seconds per device, from this campaign's own runs."""
+    """Median update, evaluation-pass, save and export seconds per device, from this campaign's own runs."""
     out: dict[str, dict] = {}
     mine = runs[runs["campaign"] == campaign.name] if len(runs) else runs
     for device, g in mine.groupby("device_name"):
         m = metrics[metrics["run_id"].isin(g["run_id"])]
-        train, val, export = (m[m["kind"] == k]["seconds"] for k in ("train", "val", "export"))
+        train, val, save, export = (m[m["kind"] == k]["seconds"] for k in ("train", "val", "save", "export"))
         if len(train):
             out[str(device)] = {"update_s": float(train.median()), "updates": int(len(train)),
                                 "eval_pass_s": float(val.median()) if len(val) else None,
+                                "save_s": float(save.median()) if len(save) else None,
                                 "export_s": float(export.median()) if len(export) else None}
     return out
 
@@ -185,8 +186,9 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
     df.attrs["seq_len_note"] = fams.seq_note
     order = {FITS: 0, TIGHT: 1, NO_FIT: 2}
     df["_o"] = df["verdict"].map(order)
-    df = df.sort_values(["_o", "campaign_cost_usd_high", "price_per_hour_usd", "offer"], na_position="last")
-    df = df.drop(columns="_o").reset_index(drop=True)
+    df["_m"] = df["unmodelled"].fillna("") != ""  # what is not modelled (or not sized: ROCm) comes after
+    df = df.sort_values(["_o", "_m", "campaign_cost_usd_high", "price_per_hour_usd", "offer"], na_position="last")
+    df = df.drop(columns=["_o", "_m"]).reset_index(drop=True)
     df["recommended"] = False
     pick = recommended_index(df)
     if pick is not None:
@@ -194,16 +196,21 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
     return df
 
 
+def preference(df: pd.DataFrame, cost: str, hours: str) -> pd.DataFrame:
+    """Offers a recommendation may name, best first, by one rule used for the sheet's recommendation and each
+    window's ★: never a GPU whose software stack rentplan has not sized (ROCm); fully modelled before an offer
+    whose need leaves something out (the row's `unmodelled` says what); fits before tight; no idle GPU before
+    idle ones; then the cheapest (`cost`), the quickest (`hours`) and the id."""
+    ok = df[(df["verdict"] != NO_FIT) & df[cost].notna() & (df["software"] == "cuda")]
+    keys = ok.assign(_m=ok["unmodelled"].fillna("") != "", _v=ok["verdict"].map({FITS: 0, TIGHT: 1}),
+                     _i=ok["idle_gpus"] > 0)
+    return keys.sort_values(["_m", "_v", "_i", cost, hours, "offer"])
+
+
 def recommended_index(sheet: pd.DataFrame):
-    """The cheapest offer that fits (tight only when nothing fits comfortably), among offers that idle no GPU
-    when any such offer fits: renting GPUs the plan leaves idle is never the advice while another rental fits."""
-    for verdict in (FITS, TIGHT):
-        ok = sheet[(sheet["verdict"] == verdict) & sheet["campaign_cost_usd_high"].notna()]
-        busy = ok[ok["idle_gpus"] == 0]
-        ok = busy if not busy.empty else ok
-        if not ok.empty:
-            return ok.sort_values(["campaign_cost_usd_high", "campaign_hours_high", "offer"]).index[0]
-    return None
+    """The offer `preference` puts first for the whole campaign's cost (None when nothing qualifies)."""
+    best = preference(sheet, "campaign_cost_usd_high", "campaign_hours_high")
+    return None if best.empty else best.index[0]
 
 
 # The price's columns, in sheet order: filled per offer by priced_sheet, never by sizing.
@@ -215,12 +222,12 @@ COST_COLUMNS = ("campaign_cost_usd_low", "campaign_cost_usd_high")
 
 
 def _shape(o: Offer) -> str:
-    return f"{o.gpu}|{o.gpus_per_instance}|{o.nodes}|{o.network}|{o.network_gbps}"
+    return f"{o.gpu}|{o.gpus_per_instance}|{o.nodes}|{o.network}|{o.network_gbps}|{o.disk_write_mib_s}"
 
 
 def priced_sheet(offers: list[Offer], catalog: Catalog, size) -> pd.DataFrame:
-    """Every offer's row: sized once per shape (GPU, GPUs per instance, nodes, network; offers of one shape differ
-    only in price), then joined to the offers' prices as columns, so a 20,000-offer catalog costs little more
+    """Every offer's row: sized once per shape (GPU, GPUs per instance, nodes, network, disk; offers of one shape
+    differ only in price), then joined to the offers' prices as columns, so a 20,000-offer catalog costs little more
     than the shapes it holds. Cost = price × max(campaign hours, the offer's billing minimum)."""
     sized: dict[str, dict] = {}
     for o in offers:
@@ -278,12 +285,23 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "idle_gpus": offer.gpus_per_instance * offer.nodes - replicas,
         "evidence": fam.evidence.describe(), "run_ids": ", ".join(fam.evidence.run_ids),
         "min_cuda": gpu.min_cuda, "software": gpu.software, "compute_capability": gpu.compute_capability,
+        "unmodelled": "; ".join(x for x in (plan.get("unmodelled", ""), not_sized(gpu)) if x),
         "notes": "; ".join(notes),
     }
     row.update(time_fields(campaign, catalog, gpu, offer, fam, precision, mb, seq, accum, replicas, plan["kind"]))
     if observed and replicas == 1:
-        row.update(observed_fields(campaign, observed))
+        row.update(observed_fields(campaign, observed, row))
     return row
+
+
+def not_sized(gpu: Gpu) -> str:
+    """What rentplan's models do not cover on this GPU: on ROCm, HIP's caching allocator, its attention kernels
+    and context were never held against a measurement (the need uses CUDA's); such offers are listed, never
+    recommended."""
+    if gpu.software == "cuda":
+        return ""
+    return (f"not sized for {gpu.software.upper()}: need and time use CUDA's allocator model, kernels and context "
+            "(never recommended; a pilot on that GPU sizes it)")
 
 
 def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fam: FamilyModels, precision: str,
@@ -392,18 +410,38 @@ def _time(fam: FamilyModels, gpu: Gpu, precision: str, plan: dict, seq: int, cat
     return None if math.isnan(t.high_s) else t
 
 
-def observed_fields(campaign: Campaign, obs: dict) -> dict:
-    """A campaign already ran on this GPU: its observed times replace the predictions (and say so)."""
+def observed_fields(campaign: Campaign, obs: dict, predicted: dict) -> dict:
+    """A campaign already ran on this GPU: its observed times replace the predictions (and say so); a save or
+    export it has not timed keeps the predicted figure."""
     t = obs["update_s"]
     ev = obs["eval_pass_s"] if obs["eval_pass_s"] is not None else 0.0
-    ex = obs["export_s"] if obs["export_s"] is not None else 0.0
-    per_variant = (campaign.updates * t + campaign.eval.passes(campaign.updates) * ev + ex) / 3600
-    hours = campaign.setup_hours + len(campaign.variants) * per_variant
+    writes = {}
+    for kind in ("save", "export"):
+        if obs.get(f"{kind}_s") is not None:
+            writes[f"{kind}_s"] = obs[f"{kind}_s"]
+            writes[f"{kind}_basis"] = f"{kind} {fmt_seconds(obs[f'{kind}_s'])} observed in this campaign's runs"
+    hours = variant_hours(campaign, t, t, ev, ev, writes.get("save_s", predicted.get("save_s")),
+                          writes.get("export_s", predicted.get("export_s")))
     return {"update_s_low": t, "update_s_point": t, "update_s_high": t, "eval_pass_s_low": ev, "eval_pass_s_high": ev,
-            "export_s": ex,
-            "time_basis": f"observed in this campaign's runs on {obs['device']} (median of {obs['updates']} updates)",
-            "variant_hours_low": per_variant, "variant_hours_high": per_variant, "campaign_hours_low": hours,
-            "campaign_hours_high": hours}
+            **writes, **hours,
+            "time_basis": f"observed in this campaign's runs on {obs['device']} (median of {obs['updates']} updates)"}
+
+
+def variant_hours(campaign: Campaign, update_lo: float, update_hi: float, eval_lo: float, eval_hi: float,
+                  save_s: float | None, export_s: float | None) -> dict:
+    """Every billed hour of a variant, by kind (training, evaluation passes, checkpoint saves, the export), and
+    the campaign's (setup once, then every variant)."""
+    passes, saves = campaign.eval.passes(campaign.updates), campaign.saves()
+    out = {"train_hours_low": campaign.updates * update_lo / 3600, "train_hours_high": campaign.updates * update_hi / 3600,
+           "eval_hours_low": passes * eval_lo / 3600, "eval_hours_high": passes * eval_hi / 3600,
+           "saves_per_variant": saves, "save_hours": saves * (save_s or 0.0) / 3600,
+           "export_hours": (export_s or 0.0) / 3600}
+    n = len(campaign.variants)
+    for end in ("low", "high"):
+        v = out[f"train_hours_{end}"] + out[f"eval_hours_{end}"] + out["save_hours"] + out["export_hours"]
+        out[f"variant_hours_{end}"] = v
+        out[f"campaign_hours_{end}"] = campaign.setup_hours + n * v
+    return out
 
 
 def model_state_bytes(fam: FamilyModels, fragmentation: float) -> float:
@@ -439,42 +477,45 @@ def fsdp_plan(campaign, fam: FamilyModels, ctx: float, usable: float, headroom: 
             continue
         need.basis = basis
         return {"need": need, "verdict": verdict, "micro_batch": mb, "grad_accum": share // mb, "replicas": n,
-                "context": ctx,
+                "context": ctx, "unmodelled": "" if sharded is not None else
+                f"FSDP all-gather buffers not modelled (estimate --strategy fsdp --nproc {n} counts them)",
                 "kind": "fsdp", "label": f"fsdp × {n}", "notes": [],
                 "why": f"FSDP × {n}: model states ({states / 2**30:.2f} GiB) and an example do not fit one GPU "
                        f"of {usable / 2**30:.0f} GiB; sharded over {n} GPUs they do"}
     return None
 
 
+TIME_COLUMNS = ("update_s_low", "update_s_point", "update_s_high", "eval_pass_s_low", "eval_pass_s_high", "save_s",
+                "save_basis", "export_s", "export_basis", "time_basis", "train_hours_low", "train_hours_high",
+                "eval_hours_low", "eval_hours_high", "saves_per_variant", "save_hours", "export_hours",
+                "variant_hours_low", "variant_hours_high", "campaign_hours_low", "campaign_hours_high")
+
+
 def time_fields(campaign, catalog, gpu, offer, fam: FamilyModels, precision, mb, seq, accum, replicas,
                 strategy: str = "single") -> dict:
+    from planner.models.timing import match_catalog_gpu
+    from planner.models.writes import write_time
+
     tp = fam.throughput
-    empty = {"update_s_low": None, "update_s_point": None, "update_s_high": None, "eval_pass_s_low": None,
-             "eval_pass_s_high": None,
-             "export_s": None, "time_basis": "no steady line to time from", "variant_hours_low": None,
-             "variant_hours_high": None, "campaign_hours_low": None, "campaign_hours_high": None}
+    empty = dict.fromkeys(TIME_COLUMNS)
     if tp is None:
-        return empty
+        return {**empty, "time_basis": "no steady line to time from"}
     t = update_time(tp, gpu, precision, mb, seq, accum, replicas, catalog, strategy, offer)
     if math.isnan(t.low_s):
         return {**empty, "time_basis": t.basis}
     ev = campaign.eval
     eval_ratio = (ev.examples * ev.seq_len) / (3 * campaign.effective_batch * seq)  # forward only: 1/3 of training
-    facts = fam.facts
-    export = pd.to_numeric(facts[facts["mode"] == "measured"]["export_s"], errors="coerce").dropna()
-    export_s = float(export.max()) if len(export) else 0.0
-    export_basis = f"export {export_s:.2f} s measured on {tp.device}" if len(export) else "export time not measured"
-    passes = ev.passes(campaign.updates)
-    var_lo = (campaign.updates * t.low_s + passes * t.low_s * eval_ratio + export_s) / 3600
-    var_hi = (campaign.updates * t.high_s + passes * t.high_s * eval_ratio + export_s) / 3600
-    n = len(campaign.variants)
-    hours_lo, hours_hi = campaign.setup_hours + n * var_lo, campaign.setup_hours + n * var_hi
+    bandwidth, source = ((offer.disk_write_mib_s, "the offer's disk_write_mib_s") if offer.disk_write_mib_s else
+                         (catalog.disk_write_mib_s, "catalog default, assumed"))
+    same_kind = lambda name: getattr(match_catalog_gpu(str(name), catalog), "id", None) == gpu.id  # noqa: E731
+    save, export = (write_time(fam.facts, kind, gpu.id, same_kind, bandwidth, source) for kind in ("save", "export"))
     return {
         "update_s_low": t.low_s, "update_s_point": t.point_s, "update_s_high": t.high_s,
-        "eval_pass_s_low": t.low_s * eval_ratio, "eval_pass_s_high": t.high_s * eval_ratio, "export_s": export_s,
-        "time_basis": f"{t.basis}; {export_basis}",
-        "variant_hours_low": var_lo, "variant_hours_high": var_hi,
-        "campaign_hours_low": hours_lo, "campaign_hours_high": hours_hi,
+        "eval_pass_s_low": t.low_s * eval_ratio, "eval_pass_s_high": t.high_s * eval_ratio,
+        "save_s": save.seconds, "save_basis": save.basis, "export_s": export.seconds, "export_basis": export.basis,
+        "time_basis": t.basis,
+        **variant_hours(campaign, t.low_s, t.high_s, t.low_s * eval_ratio, t.high_s * eval_ratio, save.seconds,
+                        export.seconds),
     }
 
 

@@ -12,7 +12,8 @@ from planner.records import canonical_precision, OPTIMIZERS, PRECISIONS
 from planner.inputs.yamlsafe import Problems, load_yaml_file, load_yaml_text
 
 TOP_KEYS = {"name", "workload", "params", "seq_len", "effective_batch", "updates", "eval", "export", "setup_hours",
-            "stop_if", "variants", "precision", "optimizer", "checkpointing", "budget_usd", "compare", "micro_batch", "lr", "diverge_above", "quality_target"}
+            "stop_if", "variants", "precision", "optimizer", "checkpointing", "budget_usd", "compare", "micro_batch", "lr", "diverge_above", "quality_target",
+            "save_every_updates"}
 # What a variant may change: how the same question is computed (learning rate, and the memory fixes: a smaller
 # micro-batch with more accumulation, activation checkpointing, mixed precision), and its seed. Anything else
 # (architecture, data, effective batch, updates) would change the question, and is refused by name.
@@ -20,7 +21,7 @@ VARIANT_SETTINGS = ("lr", "micro_batch", "checkpointing", "precision")
 # Keys a spec once took and nothing read: refused with where the setting lives instead.
 MOVED = {"headroom": "headroom is an option of plan (--headroom 0.1), not of the spec",
          "notes": "notes are not read from a spec: write YAML comments (# ...), or `rentplan note TEXT` for the ledger"}
-HELD_FIXED = TOP_KEYS - {"name", "variants", "budget_usd", "setup_hours", "compare",
+HELD_FIXED = TOP_KEYS - {"name", "variants", "budget_usd", "setup_hours", "compare", "save_every_updates",
                          "diverge_above", "quality_target", *VARIANT_SETTINGS}
 EVAL_KEYS = {"every_updates", "examples", "seq_len", "micro_batch"}
 STOP_KEYS = {"nonfinite", "loss_above", "diverged"}
@@ -31,6 +32,7 @@ EXPORTS = ("model", "adapter")
 # Bounds against typos and abuse, far above any real campaign (a bound is named in the error).
 LIMITS = {"effective_batch": 1 << 20, "updates": 10**8, "seq_len": 1 << 20, "setup_hours": 8760.0,
           "budget_usd": 1e9, "lr": 1e6, "count": 10**9}
+KEPT_CHECKPOINTS = 3  # a campaign run keeps its newest checkpoints (sky.yaml's disk is sized to hold them)
 DIVERGE_ABOVE = 10.0  # a loss above 10 × the run's first loss is divergence, whatever the stop rules say
 
 
@@ -90,6 +92,16 @@ class Campaign:
     diverge_above: float = DIVERGE_ABOVE
     quality_target: QualityTarget | None = None
     base_dir: str = "."  # the spec's folder: relative paths in the spec are read from here
+    save_every_updates: int | None = None  # None: a checkpoint at every evaluation
+
+    @property
+    def save_every(self) -> int:
+        """Updates between checkpoint saves: the spec's save_every_updates, else eval.every_updates."""
+        return self.save_every_updates or self.eval.every_updates
+
+    def saves(self, updates: int | None = None) -> int:
+        """Checkpoints saved in a run: every save_every updates, none at the end (the export is the end's)."""
+        return ((updates or self.updates) - 1) // self.save_every
 
     @property
     def params_json(self) -> str:
@@ -157,19 +169,26 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
             p.add(key, why)
     p.unknown_keys("", {k: v for k, v in data.items() if k not in MOVED}, TOP_KEYS)
     p.require("", data, ["name", "workload", "effective_batch", "updates", "eval", "variants"])
-    for key in ("name", "workload"):
+    for key in ("name", "workload"):  # both reach order.json and sky.yaml: one printable line each
         if data.get(key) is not None:
-            p.text(key, data[key])
+            p.label(key, data[key])
     counts = {}
     for key in ("effective_batch", "updates", "seq_len"):
         if data.get(key) is not None:
             counts[key] = p.number(key, data[key], positive=True, integer=True, maximum=LIMITS[key])
+    if data.get("save_every_updates") is not None:
+        p.number("save_every_updates", data["save_every_updates"], positive=True, integer=True,
+                 maximum=LIMITS["updates"])
     if data.get("setup_hours") is not None:
         p.number("setup_hours", data["setup_hours"], positive=True, allow_zero=True, maximum=LIMITS["setup_hours"])
     if data.get("budget_usd") is not None:
         p.number("budget_usd", data["budget_usd"], positive=True, maximum=LIMITS["budget_usd"])
     if data.get("params") is not None and not isinstance(data["params"], dict):
         p.add("params", "must be a mapping of workload parameters")
+    elif isinstance(data.get("params"), dict):
+        for key in FILE_PARAMS:  # files the launch carries to the rented machine
+            if data["params"].get(key) is not None:
+                p.label(f"params.{key}", data["params"][key])
     if data.get("export", "model") not in EXPORTS:
         p.add("export", f"must be one of {', '.join(EXPORTS)}, got {data.get('export')!r}")
     if isinstance(data.get("precision"), str):  # Lightning's names (bf16-mixed, 32-true, ...) are aliases
@@ -232,7 +251,7 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
                                          f"effective batch and updates stay as the control's)")
                 p.unknown_keys(path, {k: x for k, x in v.items() if k not in held}, VARIANT_KEYS)
                 p.require(path, v, ["id"] if data.get("lr") is not None else ["id", "lr"])
-                if v.get("id") is not None and p.text(f"{path}.id", v["id"]) is not None:
+                if v.get("id") is not None and p.label(f"{path}.id", v["id"]) is not None:
                     if v["id"] in ids:
                         p.add(f"{path}.id", f"duplicate variant id {v['id']!r}")
                     ids.add(v["id"])
@@ -270,7 +289,8 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
         stop_if={"nonfinite": True, "diverged": True, **(data.get("stop_if") or {})}, source=source,
         micro_batch=_int(data["micro_batch"]) if data.get("micro_batch") else None, compare=data.get("compare", "lr"),
         diverge_above=float(data.get("diverge_above") or DIVERGE_ABOVE),
-        quality_target=QualityTarget(qt["metric"], float(qt["max_worse"])) if qt else None, base_dir=base_dir)
+        quality_target=QualityTarget(qt["metric"], float(qt["max_worse"])) if qt else None, base_dir=base_dir,
+        save_every_updates=_int(data["save_every_updates"]) if data.get("save_every_updates") else None)
 
 
 def _micro_batch(p: Problems, path: str, value, effective_batch) -> None:

@@ -26,11 +26,15 @@ GPU_KEYS = {"id", "name", "vendor", "arch", "compute_capability", "memory_gb_mar
 GPU_REQUIRED = ["id", "name", "vendor", "memory_gb_marketed", "memory_gib_usable", "mem_bandwidth_tbps",
                 "bf16_supported", "fp8_supported"]
 OFFER_KEYS = {"id", "gpu", "provider", "instance", "gpus_per_instance", "price_per_instance_hour_usd", "spot",
-              "billing_minimum_hours", "as_of", "source", "note", "unverified", "network", "nodes", "network_gbps"}
+              "billing_minimum_hours", "as_of", "source", "note", "unverified", "network", "nodes", "network_gbps",
+              "disk_write_mib_s"}
 OFFER_REQUIRED = ["id", "gpu", "provider", "gpus_per_instance", "price_per_instance_hour_usd", "spot", "as_of",
                   "source"]
 TOP_KEYS = {"schema", "defaults", "sources", "gpus", "offers"}
-DEFAULT_KEYS = {"cuda_context_gib", "fragmentation_factor"}
+DEFAULT_KEYS = {"cuda_context_gib", "fragmentation_factor", "disk_write_mib_s"}
+# Checkpoints and exports are written at this rate where an offer states none and no GPU line of that kind timed
+# them: an assumption (a cloud block volume's sustained write, the low end of what providers list), said as one.
+DISK_WRITE_MIB_S = 200.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ class Offer:
     network: str | None = None
     network_gbps: float | None = None  # per node, Gbit/s (e.g. 3200 for 8 × 400 Gb/s InfiniBand)
     unverified: tuple[str, ...] = ()
+    disk_write_mib_s: float | None = None  # the offer's disk, MiB/s (None: the catalog default, assumed)
 
     @property
     def region(self) -> str | None:
@@ -114,6 +119,7 @@ class Catalog:
     offers: list[Offer]
     context_bytes: int = GiB // 2
     fragmentation_factor: float = 1.15
+    disk_write_mib_s: float = DISK_WRITE_MIB_S
     source: str = ""
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -159,6 +165,8 @@ def parse_catalog(data, source: str) -> Catalog:
     defaults = p.mapping("defaults", data.get("defaults") or {}, DEFAULT_KEYS) or {}
     ctx = p.number("defaults.cuda_context_gib", defaults.get("cuda_context_gib", 0.5), positive=True, allow_zero=True)
     frag = p.number("defaults.fragmentation_factor", defaults.get("fragmentation_factor", 1.15), positive=True)
+    disk = p.number("defaults.disk_write_mib_s", defaults.get("disk_write_mib_s", DISK_WRITE_MIB_S), positive=True,
+                    minimum=1, maximum=1e6)
     if frag is not None and frag < 1:
         p.add("defaults.fragmentation_factor", f"must be >= 1 (reserved is never below allocated), got {frag}")
     gpus: dict[str, Gpu] = {}
@@ -190,7 +198,7 @@ def parse_catalog(data, source: str) -> Catalog:
             offers.append(offer)
     p.raise_if_any(CatalogError)
     return Catalog(gpus, offers, context_bytes=int(ctx * GiB), fragmentation_factor=float(frag), source=source,
-                   sources=dict(data.get("sources") or {}))
+                   sources=dict(data.get("sources") or {}), disk_write_mib_s=float(disk))
 
 
 # (minimum, maximum) of each GPU figure: a value outside is a typo or an attack, and would break the planner.
@@ -212,7 +220,9 @@ def _parse_gpu(p: Problems, path: str, g) -> Gpu | None:
         if g.get(key) is not None:
             p.boolean(f"{path}.{key}", g[key])
     if g.get("id") is not None:
-        p.text(f"{path}.id", g["id"])
+        p.ident(f"{path}.id", g["id"])
+    if g.get("name") is not None:
+        p.label(f"{path}.name", g["name"])
     if g.get("bf16_supported") is True and g.get("bf16_dense_tflops") is None:
         p.add(f"{path}.bf16_dense_tflops", "missing although bf16_supported is true")
     if len(p.items) > n0:
@@ -250,9 +260,17 @@ def _parse_offer(p: Problems, path: str, o, gpu_ids: set) -> Offer | None:
         nodes = p.number(f"{path}.nodes", o["nodes"], positive=True, integer=True, maximum=4096) or 1
     if o.get("network_gbps") is not None:
         p.number(f"{path}.network_gbps", o["network_gbps"], positive=True, maximum=100_000)
-    for key in ("id", "provider", "as_of", "source"):
-        if o.get(key) is not None and not isinstance(o[key], (str, int, float)) or isinstance(o.get(key), bool):
-            p.add(f"{path}.{key}", f"must be text, got {o[key]!r}")
+    if o.get("disk_write_mib_s") is not None:
+        p.number(f"{path}.disk_write_mib_s", o["disk_write_mib_s"], positive=True, minimum=1, maximum=1e6)
+    for key in ("id", "provider"):  # both reach sky.yaml and shell lines: ids, look-alikes refused by name
+        if o.get(key) is not None:
+            p.ident(f"{path}.{key}", o[key])
+    for key in ("as_of", "source", "instance"):
+        if o.get(key) is not None:
+            p.label(f"{path}.{key}", str(o[key]) if isinstance(o[key], (int, float)) else o[key])
+    note = o.get("note")
+    if isinstance(note, str) and note.startswith("region "):  # the region reaches sky.yaml's resources
+        p.ident(f"{path}.note", note[len("region "):])
     if nodes > 1:  # cross-node time needs the network's speed
         for key in ("network", "network_gbps"):
             if o.get(key) is None:
@@ -271,7 +289,8 @@ def _parse_offer(p: Problems, path: str, o, gpu_ids: set) -> Offer | None:
                  billing_minimum_hours=float(o.get("billing_minimum_hours") or 0.0), instance=o.get("instance"),
                  note=o.get("note"), nodes=int(nodes), network=o.get("network"),
                  network_gbps=None if o.get("network_gbps") is None else float(o["network_gbps"]),
-                 unverified=tuple(str(u) for u in o.get("unverified") or ()))
+                 unverified=tuple(str(u) for u in o.get("unverified") or ()),
+                 disk_write_mib_s=None if o.get("disk_write_mib_s") is None else float(o["disk_write_mib_s"]))
 
 
 def _num(x) -> float | None:

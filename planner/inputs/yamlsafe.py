@@ -153,6 +153,32 @@ class Problems:
             return None
         return value
 
+    def label(self, path: str, value: Any) -> str | None:
+        """A name that may reach a launch file: a non-empty string on one printable line (planner/inputs/names)."""
+        from planner.inputs.names import label_problem
+
+        if self.text(path, value) is None:
+            return None
+        why = label_problem(value)
+        if why:
+            self.add(path, f"{value!r} {why}")
+            return None
+        return value
+
+    def ident(self, path: str, value: Any, extra: str = "") -> str | None:
+        """An id (offer, GPU, provider, region): ASCII letters, digits, '.', '_', '-'; look-alikes refused by name."""
+        from planner.inputs.names import id_problem
+
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)
+        if self.text(path, value) is None:
+            return None
+        why = id_problem(value, extra)
+        if why:
+            self.add(path, f"{value!r} {why}")
+            return None
+        return value
+
     def boolean(self, path: str, value: Any) -> bool | None:
         if not isinstance(value, bool):
             self.add(path, f"must be true or false, got {value!r}")

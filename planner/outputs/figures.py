@@ -82,11 +82,12 @@ def _reserved(rows: pd.DataFrame) -> pd.Series:
 
 
 def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3):
-    """Peaks per phase for the planned shape first (the configuration nearest the recommended micro-batch and
+    """Peaks per phase for the planned shape first (the probed configuration nearest the ordered micro-batch and
     seq_len), then the largest others; usable memory of candidate GPUs as labelled lines."""
     plt = _plt()
     ok = lines[(lines["verdict"] == "ok") & (lines["rank"] == 0)] if "rank" in lines else lines[lines["verdict"] == "ok"]
-    rec = sheet[sheet["recommended"]].iloc[0] if "recommended" in sheet and sheet["recommended"].any() else sheet.iloc[0]
+    pick = "ordered" if "ordered" in sheet and sheet["ordered"].any() else "recommended"
+    rec = sheet[sheet[pick]].iloc[0] if pick in sheet and sheet[pick].any() else sheet.iloc[0]
     used = [r for r in str(rec.get("run_ids") or "").split(", ") if r]
     if used and ok["run_id"].isin(used).any():  # the runs that sized the recommendation
         ok = ok[ok["run_id"].isin(used)]
@@ -98,7 +99,7 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
     configs = [planned, *others]
     fig, axes = plt.subplots(1, len(configs), figsize=(5.2 * len(configs), 4.6), sharey=True, squeeze=False)
     gpus = sheet.drop_duplicates("gpu").sort_values("usable_bytes")
-    # The recommended GPU, the largest that do not fit, and the next sizes up from the recommended one.
+    # The ordered GPU, the largest that do not fit, and the next sizes up from the ordered one.
     bigger = gpus[gpus["usable_bytes"] > rec["usable_bytes"]].head(1)
     marks = pd.concat([sheet.loc[[rec.name]], gpus[gpus["verdict"] == "does not fit"].tail(2), bigger])
     marks = marks.drop_duplicates("usable_bytes").sort_values("usable_bytes")
@@ -118,7 +119,7 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
         for level in levels:
             ax.axhline(level, linestyle="--", linewidth=0.8, color="grey")
         r = rows.dropna(subset=["micro_batch"]).iloc[0]
-        tag = "planned shape" if run_id == planned else "probed"
+        tag = "planned shape, nearest probed" if run_id == planned else "probed"
         ck = ", checkpointing on" if bool(r["checkpointing"]) else ", checkpointing off"
         ranks = f", {r['strategy']} × {int(r['world_size'])} rank 0" if r["world_size"] > 1 else ""
         ax.set_title(f"{tag}: mb {int(r['micro_batch'])} × seq {int(r['seq_len'])}\n{r['precision']}{ck}{ranks}",
@@ -133,10 +134,12 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
     label_gpus(axes[0][-1], marks, fig)
     why = "" if has_reserved else " There is no reserved bar: these lines carry no reserved figure."
     sim = " Reserved bars are simulated by the model of CUDA's caching allocator." if simulated and has_reserved else ""
+    first = ok[ok["run_id"] == planned].iloc[0]
     caption = (f"Peak memory per phase, allocated and reserved side by side (never added); the first panel is the "
-               f"configuration nearest the planned shape (micro-batch {int(rec['micro_batch'])} × seq "
-               f"{int(rec['seq_len'])}), the others the largest probed; dashed lines are the usable memory of "
-               f"candidate GPUs.{sim} Basis: {_basis(ok)}.{why}")
+               f"probed configuration nearest the planned shape (probed micro-batch {int(first['micro_batch'])} × seq "
+               f"{int(first['seq_len'])}; the order runs micro-batch {int(rec['micro_batch'])} × seq "
+               f"{int(rec['seq_len'])} on {rec['gpu']}), the others the largest probed; dashed lines are the usable "
+               f"memory of candidate GPUs, the ordered one among them.{sim} Basis: {_basis(ok)}.{why}")
     return fig, caption
 
 

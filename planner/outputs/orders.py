@@ -22,6 +22,7 @@ FORMAT = "rentplan-order/1"
 DEVICE_KINDS = ("cuda", "rocm", "cpu")
 MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 MAX_ORDER_BYTES = 16 * 1024 * 1024
+TORCH_REQUIREMENT = re.compile(r"torch(==\d+(\.\d+){1,3}|>=\d+(\.\d+){1,3})")
 
 
 def provenance(lines: pd.DataFrame) -> list[dict]:
@@ -46,6 +47,36 @@ def stack_for(rec: pd.Series, lines: pd.DataFrame) -> dict:
         cuda = cuda_versions[-1]
     return {"driver": "NVIDIA driver supporting the CUDA below", "torch": f">= {torch_min} (CUDA build)",
             "cuda": f">= {cuda}"}
+
+
+# The extras of rentplan a workload needs on the rented machine, and the modules each one brings (what `verify`
+# checks are importable). Names fixed here: they reach sky.yaml's pip line.
+EXTRAS = {"probe": ["torch", "safetensors"], "hf": ["transformers", "peft"], "quant": ["bitsandbytes"],
+          "callbacks": ["lightning"]}
+EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit")
+
+
+def workload_extras(workload: str, params: dict, optimizer: str) -> list[str]:
+    """hf: configs and the HF Trainer's callback need transformers (and peft for LoRA); QLoRA base weights and 8-bit
+    optimizers need bitsandbytes; Lightning's callback needs lightning."""
+    extras = ["probe"]
+    if workload.startswith(("hf:", "trainer:")):
+        extras.append("hf")
+    if workload.startswith("lightning:"):
+        extras.append("callbacks")
+    if (params or {}).get("quantize") or optimizer in EIGHT_BIT_OPTIMIZERS:
+        extras.append("quant")
+    return extras
+
+
+def order_stack(campaign, device_kind: str, lines: pd.DataFrame) -> dict:
+    """What the machine must run: the torch the pilot ran (its build for the device kind) and rentplan's extras."""
+    from planner.outputs.skypilot import torch_requirement
+
+    extras = workload_extras(campaign.workload, campaign.params, campaign.optimizer)
+    return {"torch_requirement": torch_requirement(list(lines["torch_version"].dropna())),
+            "torch_build": device_kind, "extras": extras,
+            "packages": [m for e in extras for m in EXTRAS[e]]}
 
 
 def order_document(campaign, row: Mapping, expect: dict, lines: pd.DataFrame, headroom: float) -> dict:
@@ -73,7 +104,7 @@ def order_document(campaign, row: Mapping, expect: dict, lines: pd.DataFrame, he
                  "headroom": headroom, "update_s_point": row.get("update_s_point"), "run_ids": row["run_ids"],
                  "update_s_low": row["update_s_low"], "update_s_high": row["update_s_high"],
                  "time_basis": row["time_basis"]},
-        "packages": ["torch", "safetensors"],
+        "stack": order_stack(campaign, expect["device_kind"], lines),
         "provenance": provenance(lines),
     }
 
@@ -171,7 +202,7 @@ def check_order(order, source: str) -> None:
         p.require("settings", settings, ["workload", "params", "precision", "optimizer", "micro_batch", "grad_accum",
                                          "seq_len", "eval_micro_batch", "eval_seq_len"])
         if settings.get("workload") is not None:
-            p.text("settings.workload", settings["workload"])
+            p.label("settings.workload", settings["workload"])
         if settings.get("params") is not None and not isinstance(settings["params"], dict):
             p.add("settings.params", "must be an object of workload parameters")
         if settings.get("precision") is not None and settings["precision"] not in PRECISIONS:
@@ -194,9 +225,27 @@ def check_order(order, source: str) -> None:
                 p.number(f"plan.{key}", plan[key], positive=True)
     elif plan is not None:
         p.add("plan", "must be an object")
-    packages = order.get("packages", [])
-    if not isinstance(packages, list) or not all(isinstance(x, str) and MODULE.fullmatch(x) for x in packages):
-        p.add("packages", f"must be a list of module names like [\"torch\", \"safetensors\"], got {packages!r}"[:300])
+    stack = order.get("stack")
+    if not isinstance(stack, dict):
+        p.add("stack", "missing: the torch build, rentplan's extras and the packages the machine must have")
+    else:
+        if stack.get("torch_build") not in DEVICE_KINDS:
+            p.add("stack.torch_build", f"must be one of {', '.join(DEVICE_KINDS)}, got {stack.get('torch_build')!r}")
+        if not isinstance(stack.get("torch_requirement"), str) or not TORCH_REQUIREMENT.fullmatch(
+                stack["torch_requirement"]):
+            p.add("stack.torch_requirement", f"must be like 'torch==2.13.0', got {stack.get('torch_requirement')!r}")
+        extras = stack.get("extras")
+        if not isinstance(extras, list) or not all(isinstance(x, str) and x in EXTRAS for x in extras):
+            p.add("stack.extras", f"must be a list of rentplan extras ({', '.join(EXTRAS)}), got {extras!r}"[:300])
+        packages = stack.get("packages")
+        if not isinstance(packages, list) or not all(isinstance(x, str) and MODULE.fullmatch(x) for x in packages):
+            p.add("stack.packages", f"must be a list of module names like [\"torch\", \"safetensors\"], got "
+                                    f"{packages!r}"[:300])
+    for key in ("campaign",):
+        if order.get(key) is not None:
+            p.label(key, order[key])
+    if isinstance(order.get("offer"), dict) and order["offer"].get("id") is not None:
+        p.ident("offer.id", order["offer"]["id"])
     p.raise_if_any()
 
 
@@ -205,9 +254,9 @@ def order_for(campaign, result, catalog, headroom: float, offer_id: str | None) 
     'local' (this machine)."""
     if offer_id == "local":
         return local_order(campaign, result, headroom)
-    from planner.decisions.plans import recommend
+    from planner.decisions.plans import ordered
 
-    pick = recommend(result.sheet) if offer_id is None else offer_row(result.sheet, offer_id)
+    pick = ordered(result.sheet)
     return None if pick is None else offer_order(campaign, pick, result.lines, catalog, headroom)
 
 

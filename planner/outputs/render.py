@@ -20,7 +20,7 @@ from planner import PACKAGE_DIR, __version__
 from planner.inputs.campaign_spec import Campaign
 from planner.inputs.catalog import Catalog
 from planner.outputs.orders import provenance, stack_for
-from planner.decisions.plans import recommend
+from planner.decisions.plans import ordered, recommend, window_notes
 from planner.decisions.select import NO_FIT
 from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
 
@@ -91,7 +91,7 @@ def _h2s(hours):
 def _range(lo, hi, f) -> str:
     if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)):
         return ""
-    return f"{f(lo)} – {f(hi)}"
+    return f(lo) if f(lo) == f(hi) else f"{f(lo)} – {f(hi)}"
 
 
 def _price(r) -> str:
@@ -163,10 +163,52 @@ def plan_rows(plans: pd.DataFrame, limit_per_window: int = 5) -> list[dict]:
     return out
 
 
+def hours_by_kind(r) -> str:
+    """Every billed hour of a variant, each with its basis: training, evaluation, checkpoint saves, export."""
+    saves = int(r["saves_per_variant"]) if pd.notna(r.get("saves_per_variant")) else 0
+    save_each = fmt_seconds(r["save_s"]) if pd.notna(r.get("save_s")) else "not sized"
+    export = fmt_seconds(r["export_s"]) if pd.notna(r.get("export_s")) else "not sized"
+    return (f"training {_range(_h2s(r['train_hours_low']), _h2s(r['train_hours_high']), fmt_seconds)}; evaluation "
+            f"{_range(_h2s(r['eval_hours_low']), _h2s(r['eval_hours_high']), fmt_seconds)}; {saves} checkpoint "
+            f"save(s) of {save_each} each ({r['save_basis']}); export {export} ({r['export_basis']})")
+
+
+def order_context(rec: pd.Series, sheet: pd.DataFrame, lines: pd.DataFrame) -> dict:
+    """'Rent this': the ordered offer, who chose it, and the recommendation beside it when they differ."""
+    row = sheet_rows(sheet.loc[[rec.name]])[0]
+    best = recommend(sheet)
+    if sheet.attrs.get("ordered_by", "").startswith("you"):
+        chosen = "you chose it (--offer)" + (
+            "; it is also rentplan's recommendation" if best is not None and best["offer"] == rec["offer"] else
+            f"; rentplan recommends {best['offer']} ({best['gpu']}, {_range(best['campaign_cost_usd_low'], best['campaign_cost_usd_high'], _usd)})"
+            if best is not None else "; rentplan recommends none")
+    else:
+        chosen = "rentplan's recommendation: " + ("the cheapest fully modelled offer that fits, no GPU idle"
+                                                  if not rec["unmodelled"] else "the cheapest that fits")
+    return {
+        "offer": rec["offer"], "gpu": rec["gpu"], "provider": rec["provider"], "instance": rec["instance"] or "",
+        "gpus": int(rec["gpus_per_instance"]), "price": _price(rec), "strategy_why": rec["strategy_why"],
+        "chosen": chosen, "unmodelled": rec["unmodelled"] or "",
+        "usable": fmt_bytes(rec["usable_bytes"]), "need": row["need"],
+        "need_phase": rec["need_phase"], "need_basis": rec["need_basis"], "headroom": f"{rec['headroom_pct']:.0f}%",
+        "max_mb": row["max_mb"], "max_seq": row["max_seq"], "precision": rec["precision"],
+        "mb": int(rec["micro_batch"]), "accum": int(rec["grad_accum"]), "replicas": int(rec["replicas"]),
+        "examples_per_update": int(rec["examples_per_update"]), "strategy": rec["strategy_label"],
+        "verdict": rec["verdict"], "update_time": row["update_time"],
+        "time_basis": rec["time_basis"],
+        "per_variant": _range(_h2s(rec["variant_hours_low"]), _h2s(rec["variant_hours_high"]), fmt_seconds),
+        "hours_by_kind": hours_by_kind(rec),
+        "hours": _range(rec["campaign_hours_low"], rec["campaign_hours_high"], fmt_hours),
+        "cost": _range(rec["campaign_cost_usd_low"], rec["campaign_cost_usd_high"], _usd),
+        "as_of": rec["as_of"], "price_source": rec["price_source"], "notes": rec["notes"] or "—",
+        "stack": stack_for(rec, lines), "unverified": rec["unverified"] or "none",
+        "context_basis": rec["context_basis"], "evidence": rec["evidence"], "run_ids": rec["run_ids"],
+    }
+
+
 def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, budget: dict,
                   lines: pd.DataFrame, catalog: Catalog, headroom: float) -> dict:
-    rec = recommend(sheet)
-    row = sheet_rows(sheet.loc[[rec.name]])[0] if rec is not None else None
+    rec = ordered(sheet) if "ordered" in sheet else recommend(sheet)
     fitting = sheet[sheet["verdict"] != NO_FIT]
     prov = provenance(lines)
     modes = sorted({p["mode"] for p in prov})
@@ -178,6 +220,9 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
                      "variants": [{"id": v.id, "lr": v.lr, "priority": v.priority} for v in campaign.variants],
                      "eval": f"every {campaign.eval.every_updates} updates, {campaign.eval.examples} examples at "
                              f"seq_len {campaign.eval.seq_len}",
+                     "saves": f"a checkpoint every {campaign.save_every} updates "
+                              f"({'save_every_updates' if campaign.save_every_updates else 'at each evaluation: the default'}), "
+                              f"the newest kept",
                      "export": campaign.export, "setup_hours": campaign.setup_hours,
                      "seq_len": int(sheet["seq_len"].iloc[0]) if len(sheet) else None,
                      "seq_len_note": sheet.attrs.get("seq_len_note", ""), "precision": campaign.precision,
@@ -193,29 +238,21 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
             "on a CPU > estimated with CPU kernels; uncapped; newest per shape; nearest shapes); the runs used are "
             "named under 'Rent this'",
             "time ranges: see each row's basis; plans and costs use the slow end of the range",
+            f"checkpoint saves and the export: timed on a GPU of the same kind where the ledger has it, else the bytes "
+            f"the pilot wrote ÷ the offer's disk write rate (catalog default {catalog.disk_write_mib_s:g} MiB/s, "
+            f"assumed); a CPU's write time is never used for a GPU",
+            "recommendation and each window's ★: one rule: ROCm GPUs are listed but not sized (never recommended), "
+            "then fully modelled offers before those whose need leaves something out, fits before tight, no idle "
+            "GPU before idle ones, then the cheapest (the whole campaign for the recommendation, the window for ★)",
             "* after a need, a max micro-batch or a sequence length: extrapolated beyond the probed range; "
             "'≥ N (search limit)': the search stopped at its limit, the GPU holds at least that",
             "≈ after a time range: the point estimate inside it",
         ] + (["estimated lines run under fake tensors with the kernels of their target (flash or memory-"
               "efficient attention, fused dropout, CUDA's autocast policy); an estimate with CPU kernels says so in "
               "its need basis"] if "estimated" in modes else []),
-        "recommended": None if rec is None else {
-            "offer": rec["offer"], "gpu": rec["gpu"], "provider": rec["provider"], "instance": rec["instance"] or "",
-            "gpus": int(rec["gpus_per_instance"]), "price": _price(rec), "strategy_why": rec["strategy_why"],
-            "usable": fmt_bytes(rec["usable_bytes"]), "need": row["need"],
-            "need_phase": rec["need_phase"], "need_basis": rec["need_basis"], "headroom": f"{rec['headroom_pct']:.0f}%",
-            "max_mb": row["max_mb"], "max_seq": row["max_seq"], "precision": rec["precision"],
-            "mb": int(rec["micro_batch"]), "accum": int(rec["grad_accum"]), "replicas": int(rec["replicas"]),
-            "examples_per_update": int(rec["examples_per_update"]), "strategy": rec["strategy_label"],
-            "verdict": rec["verdict"], "update_time": row["update_time"],
-            "time_basis": rec["time_basis"],
-            "per_variant": _range(_h2s(rec["variant_hours_low"]), _h2s(rec["variant_hours_high"]), fmt_seconds),
-            "hours": _range(rec["campaign_hours_low"], rec["campaign_hours_high"], fmt_hours),
-            "cost": _range(rec["campaign_cost_usd_low"], rec["campaign_cost_usd_high"], _usd),
-            "as_of": rec["as_of"], "price_source": rec["price_source"], "notes": rec["notes"] or "—",
-            "stack": stack_for(rec, lines), "unverified": rec["unverified"] or "none",
-            "context_basis": rec["context_basis"], "evidence": rec["evidence"], "run_ids": rec["run_ids"],
-        },
+        "recommended": None if rec is None else order_context(rec, sheet, lines),
+        "order_for_this_machine": bool(sheet.attrs.get("order_for_this_machine")),
+        "window_notes": window_notes(plans, sheet),
         "rows": sheet_rows(fitting.head(12)),
         "n_fitting": int(len(fitting)), "n_offers": int(len(sheet)),
         "not_fitting": [{"offer": r["offer"], "need": need_text(r), "usable": fmt_bytes(r["usable_bytes"])}
@@ -230,7 +267,10 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
 def budget_context(budget: dict) -> dict:
     return {
         "recommended": budget["recommended"] or "none",
+        "ordered": budget.get("ordered") or "none",
         "per_variant": [{"variant": v["variant"], "priority": v["priority"],
+                         **{k: _range(v[f"{k}_hours_low"], v[f"{k}_hours_high"], fmt_hours)
+                            for k in ("train", "eval", "save", "export")},
                          "hours": _range(v["hours_low"], v["hours_high"], fmt_hours),
                          "cost": _range(v["cost_usd_low"], v["cost_usd_high"], _usd)} for v in budget["per_variant"]],
         "per_plan": [{"days": int(p["days"]), "offer": p["offer"], "variants_in": p["variants_in"] or "—",
@@ -240,7 +280,7 @@ def budget_context(budget: dict) -> dict:
                        "cost": _range(o["campaign_cost_usd_low"], o["campaign_cost_usd_high"], _usd)}
                       for o in budget["per_offer"]],
         "cap": None if not budget["budget"] else {
-            "cap": _usd(budget["budget"]["cap_usd"]), "cost": _usd(budget["budget"]["recommended_cost_usd_high"]),
+            "cap": _usd(budget["budget"]["cap_usd"]), "cost": _usd(budget["budget"]["ordered_cost_usd_high"]),
             "within": budget["budget"]["within"], "margin": _usd(abs(budget["budget"]["margin_usd"])),
             "offers_within": budget["budget"]["offers_within_cap"]},
     }
@@ -273,17 +313,37 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
         "order_sheet.html": render_template("order_sheet.html.j2", ctx),
         "budget.md": render_template("budget.md.j2", ctx),
     }
-    if order is not None:
-        files["order.json"] = json.dumps(_no_nan(order), indent=2, default=_json_default, allow_nan=False)
-        if spec_path is not None and order["offer"]["id"] != "local":
-            from planner.outputs.skypilot import order_task
-
-            files["sky.yaml"] = order_task(order, lines, str(out), spec_path)
+    files.update(order_files(order, lines, out, spec_path))
     written = []
     for name, text in files.items():
+        if text is None:  # a launch file of an earlier plan that this decision has none of
+            (out / name).unlink(missing_ok=True)
+            continue
         atomic_write(out / name, text)
         written.append(out / name)
     return written
+
+
+LAUNCH_FILES = ("order.json", "sky.yaml", "order-campaign.yaml")
+
+
+def order_files(order: dict | None, lines: pd.DataFrame, out: Path, spec_path: str | None) -> dict:
+    """order.json and, for an offer on a CUDA GPU, what launches it (sky.yaml and the campaign as ordered, every
+    path as the rented machine reads it: planner/outputs/launch.py). A file this decision has none of maps to
+    None, so an earlier plan's copy does not stay beside this order."""
+    files: dict = dict.fromkeys(LAUNCH_FILES)
+    if order is None:
+        return files
+    if spec_path is not None and order["offer"]["id"] != "local" and order["expect"]["device_kind"] == "cuda":
+        from planner.outputs.launch import SPEC_NAME, launch_files
+        from planner.outputs.skypilot import order_task
+
+        launch = launch_files(order, spec_path, str(out))
+        order = launch.order
+        files["sky.yaml"] = order_task(order, launch, lines)
+        files[SPEC_NAME] = launch.spec_text
+    files["order.json"] = json.dumps(_no_nan(order), indent=2, default=_json_default, allow_nan=False)
+    return files
 
 
 def _no_nan(obj):

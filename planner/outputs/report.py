@@ -63,7 +63,7 @@ def run_table(runs: pd.DataFrame, events: pd.DataFrame, metrics: pd.DataFrame) -
             "best_val_loss": float(val["loss"].min()) if len(val) else None,
             "final_val_accuracy": float(val["accuracy"].iloc[-1]) if len(val) and pd.notna(val["accuracy"].iloc[-1])
             else None,
-            "seconds": float(m[m["kind"] != "setup"]["seconds"].sum()),  # billed: training, evaluation, export
+            "seconds": float(m[m["kind"] != "setup"]["seconds"].sum()),  # billed: training, evaluation, saves, export
             "setup_s": float(m[m["kind"] == "setup"]["seconds"].sum()),  # building the model: its own figure
             "device": r.device_name, "started_at": r.started_at,
         })

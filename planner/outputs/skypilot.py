@@ -1,18 +1,29 @@
-"""The order as a SkyPilot task: `rentplan-out/sky.yaml`, launched with `sky launch -c rentplan rentplan-out/sky.yaml`.
+"""The order as a SkyPilot task: `rentplan-out/sky.yaml`, launched from the launch folder (where `plan` ran) with
+`sky launch -c rentplan rentplan-out/sky.yaml`.
 
 What it says comes from order.json only: the accelerator and count, spot or on-demand, the cloud and region
-where the offer names them, nodes for multi-node offers, and a disk that holds the run's checkpoints. Setup
-installs rentplan with the torch the pilot ran (CUDA build); run verifies the machine against the order, then
-starts the campaign: one process for `single`, through torchrun with SkyPilot's node and rank variables for
-`ddp`/`fsdp`. SkyPilot's names (accelerators, clouds) are those of `sky show-gpus` and `sky check`.
+where the offer names them, nodes for multi-node offers, and a disk that holds the run's checkpoints. The files
+the run reads travel as `file_mounts` (planner/outputs/launch.py says where each lands). Setup installs rentplan
+with the torch the pilot ran (PyPI's Linux build, which is CUDA's) and the extras the order lists; run verifies
+the machine against the order, then starts the campaign: one process for `single`, through torchrun with
+SkyPilot's node and rank variables for `ddp`/`fsdp`.
+
+Nothing here is text built by hand: the task is a dict written by a YAML dumper, and each shell line is made by
+`command()`, which passes every word that comes from data (paths, names, versions) through `shlex.quote`; only
+words written in this file (`Shell`) reach the shell as they are.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import shlex
 
 import yaml
+
+from planner.inputs.campaign_spec import KEPT_CHECKPOINTS
+from planner.outputs.launch import OWN_LOOPS, Launch
 
 GiB = 1024**3
 # Catalog GPU id -> SkyPilot accelerator name (sky/catalog data, `sky show-gpus`).
@@ -28,8 +39,17 @@ CLOUDS = {"aws": "aws", "gcp": "gcp", "azure": "azure", "lambda": "lambda", "run
           "fluidstack": "fluidstack", "paperspace": "paperspace", "cudo": "cudo", "oci": "oci", "nebius": "nebius",
           "do": "do", "hyperbolic": "hyperbolic", "ibm": "ibm", "scp": "scp"}
 MIN_DISK_GB = 100
-OWN_LOOPS = ("trainer:", "lightning:", "script:")  # workloads measured by callbacks or probe --script
-KEPT_CHECKPOINTS = 3  # the campaign keeps the newest checkpoints of each running variant
+VENV = "~/rentplan-venv"
+TORCH_VERSION = re.compile(r"\d+(\.\d+){1,3}")
+
+
+class Shell(str):
+    """A word written in this file, passed to the shell as it is (a variable, a redirection, `~`)."""
+
+
+def command(*words) -> str:
+    """One shell line: words from data are quoted, Shell words are not."""
+    return " ".join(w if isinstance(w, Shell) else shlex.quote(str(w)) for w in words)
 
 
 def disk_gb(checkpoint_bytes: int | None, export_bytes: int | None) -> int:
@@ -43,25 +63,56 @@ def strategy_kind(order: dict) -> str:
     return str(order["settings"]["strategy"]).split()[0]
 
 
-def launch_command(order: dict, spec: str) -> str:
+def launch_lines(order: dict, spec: str) -> list[str]:
     kind = strategy_kind(order)
-    campaign = f"campaign run {spec} --ledger rentplan.db --out rentplan-runs"
+    campaign = ["campaign", "run", spec, "--ledger", "rentplan.db", "--out", "rentplan-runs"]
     if kind == "single":
-        return f"rentplan {campaign}"
-    campaign += f" --strategy {kind}"
+        return [command(Shell("rentplan"), *campaign)]
     # torchrun starts one process per GPU on every node; SkyPilot sets these variables on each node.
-    return ("MASTER_ADDR=$(echo \"$SKYPILOT_NODE_IPS\" | head -n1)\n"
-            "torchrun --nnodes=\"$SKYPILOT_NUM_NODES\" --nproc_per_node=\"$SKYPILOT_NUM_GPUS_PER_NODE\" "
-            "--node_rank=\"$SKYPILOT_NODE_RANK\" --master_addr=\"$MASTER_ADDR\" --master_port=29500 "
-            f"-m planner.cli {campaign}")
+    return [Shell('MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)'),
+            command(Shell("torchrun"), Shell('--nnodes="$SKYPILOT_NUM_NODES"'),
+                    Shell('--nproc_per_node="$SKYPILOT_NUM_GPUS_PER_NODE"'), Shell('--node_rank="$SKYPILOT_NODE_RANK"'),
+                    Shell('--master_addr="$MASTER_ADDR"'), Shell("--master_port=29500"), Shell("-m"),
+                    Shell("planner.cli"), *campaign, "--strategy", kind)]
 
 
-def sky_task(order: dict, order_path: str, spec_path: str, torch_pin: str, checkpoint_bytes: int | None = None,
-             export_bytes: int | None = None, rentplan_source: str | None = None) -> dict:
-    """The SkyPilot task for an order (paths are relative to the folder `sky launch` runs in)."""
+def setup_lines(order: dict, rentplan_source: str | None) -> list[str]:
+    from planner.outputs.orders import EXTRAS
+
+    names = order["stack"]["extras"]
+    if not set(names) <= set(EXTRAS):  # orders.check_order refuses these on load; an order built here has none
+        raise ValueError(f"unknown rentplan extras {names!r}")
+    extras = ",".join(names)
+    lines = [Shell("set -euo pipefail"), command(Shell("python3"), Shell("-m"), Shell("venv"), Shell(VENV)),
+             command(Shell("."), Shell(f"{VENV}/bin/activate")),
+             command(Shell("pip"), Shell("install"), Shell("-q"), order["stack"]["torch_requirement"])]
+    if rentplan_source:  # this rentplan, mounted at ~/rentplan; extras come from orders.EXTRAS' fixed names
+        lines.append(command(Shell("pip"), Shell("install"), Shell("-q"), Shell("-e"),
+                             Shell(f'"$HOME/rentplan[{extras}]"')))
+    else:
+        lines.append(command(Shell("pip"), Shell("install"), Shell("-q"), f"rentplan[{extras}]"))
+    return lines
+
+
+def run_lines(order: dict, launch: Launch) -> list[str]:
+    lines = [Shell("set -euo pipefail"), command(Shell("."), Shell(f"{VENV}/bin/activate"))]
+    workload = str(order["settings"]["workload"])
+    if workload.startswith(OWN_LOOPS):  # lines from the user's own loop: rentplan cannot start that loop itself
+        s = order["settings"]
+        message = (f"The campaign of {workload} is your own loop: put its command here ({strategy_kind(order)}; "
+                   f"micro-batch {s['micro_batch']} x accumulation {s['grad_accum']})")
+        return lines + [command(Shell("rentplan"), Shell("verify"), launch.order_path, Shell("--skip-pilot")),
+                        command(Shell("echo"), message, Shell(">&2")), Shell("exit 2")]
+    return lines + [command(Shell("rentplan"), Shell("verify"), launch.order_path)] + \
+        launch_lines(order, launch.spec_path)
+
+
+def sky_task(order: dict, launch: Launch, checkpoint_bytes: int | None = None, export_bytes: int | None = None,
+             rentplan_source: str | None = None) -> dict:
+    """The SkyPilot task for an order (local paths relative to the launch folder, where `sky launch` runs)."""
     offer, expect = order["offer"], order["expect"]
     gpu = expect["gpu_id"]
-    resources: dict = {"accelerators": f"{ACCELERATORS.get(gpu, gpu.upper())}:{offer['gpus_per_instance']}",
+    resources: dict = {"accelerators": f"{ACCELERATORS.get(gpu, str(gpu).upper())}:{int(offer['gpus_per_instance'])}",
                        "use_spot": bool(offer.get("spot", False)),
                        "disk_size": disk_gb(checkpoint_bytes, export_bytes)}
     cloud = CLOUDS.get(str(offer.get("provider", "")).lower())
@@ -69,46 +120,35 @@ def sky_task(order: dict, order_path: str, spec_path: str, torch_pin: str, check
         resources["cloud"] = cloud
         if offer.get("region"):
             resources["region"] = str(offer["region"])
-    task: dict = {"name": "rentplan-" + re.sub(r"[^a-z0-9-]+", "-", order["campaign"].lower()).strip("-"),
+    task: dict = {"name": "rentplan-" + (re.sub(r"[^a-z0-9-]+", "-", str(order["campaign"]).lower()).strip("-")
+                                         or "campaign")[:50],
                   "resources": resources}
     if int(offer.get("nodes", 1)) > 1:
         task["num_nodes"] = int(offer["nodes"])
-    task["workdir"] = "."  # the user's project: workload, campaign spec and order
-    extras = "probe,hf" if str(order["settings"]["workload"]).startswith("hf:") else "probe"
-    if rentplan_source:  # this rentplan, copied to the machine
-        task["file_mounts"] = {"~/rentplan": rentplan_source}
-        install = f"pip install -q -e ~/rentplan'[{extras}]'"
-    else:
-        install = f"pip install -q 'rentplan[{extras}]'"
-    task["setup"] = ("set -euo pipefail\n"
-                     "python3 -m venv ~/rentplan-venv && . ~/rentplan-venv/bin/activate\n"
-                     f"pip install -q '{torch_pin}'  # the torch the pilot ran; on Linux PyPI's build is CUDA's\n"
-                     f"{install}\n")
-    workload = str(order["settings"]["workload"])
-    if workload.startswith(OWN_LOOPS):  # lines from the user's own loop: rentplan cannot start that loop itself
-        run = (f"rentplan verify {order_path} --skip-pilot   # the stack; the pilot needs a rentplan workload\n"
-               f"echo 'The campaign of {workload} is your own loop: put its command here "
-               f"({strategy_kind(order)}; micro-batch {order['settings']['micro_batch']} x accumulation "
-               f"{order['settings']['grad_accum']})' >&2\n"
-               "exit 2\n")
-    else:
-        run = f"rentplan verify {order_path}\n{launch_command(order, spec_path)}\n"
-    task["run"] = "set -euo pipefail\n. ~/rentplan-venv/bin/activate\n" + run
+    task["workdir"] = "."  # the launch folder: the user's project
+    mounts = launch.layout.file_mounts()
+    if rentplan_source:
+        mounts["~/rentplan"] = rentplan_source
+    task["file_mounts"] = mounts
+    task["setup"] = "\n".join(setup_lines(order, rentplan_source)) + "\n"
+    task["run"] = "\n".join(run_lines(order, launch)) + "\n"
     return task
 
 
-def sky_yaml(order: dict, order_path: str, spec_path: str, torch_pin: str, checkpoint_bytes: int | None = None,
-             export_bytes: int | None = None, rentplan_source: str | None = None) -> str:
-    task = sky_task(order, order_path, spec_path, torch_pin, checkpoint_bytes, export_bytes, rentplan_source)
-    head = (f"# SkyPilot task for the rentplan order of '{order['campaign']}' ({order['offer']['id']}, "
-            f"{order['settings'].get('strategy_label', order['settings']['strategy'])}).\n"
-            f"# Launch from the project's folder: sky launch -c rentplan {{this file}}\n")
-    return head + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=1000)
+def sky_yaml(order: dict, launch: Launch, checkpoint_bytes: int | None = None, export_bytes: int | None = None,
+             rentplan_source: str | None = None) -> str:
+    task = sky_task(order, launch, checkpoint_bytes, export_bytes, rentplan_source)
+    # names in the comment as JSON strings (ASCII, escaped): nothing in them can end the comment line
+    head = (f"# SkyPilot task for the rentplan order of {json.dumps(str(order['campaign']))} "
+            f"(offer {json.dumps(str(order['offer']['id']))}).\n"
+            "# Launch from the folder rentplan plan ran in: sky launch -c rentplan THIS_FILE\n")
+    return head + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=1000, allow_unicode=False)
 
 
-def torch_pin(versions: list[str]) -> str:
+def torch_requirement(versions: list[str]) -> str:
     """The torch the pilot ran, as a pip requirement for a CUDA machine (a +cpu build's version, without +cpu)."""
-    clean = sorted({v.split("+")[0] for v in versions if v})
+    clean = sorted({m.group(0) for v in versions if v and (m := TORCH_VERSION.match(str(v)))},
+                   key=lambda v: tuple(int(x) for x in v.split(".")))
     return f"torch=={clean[-1]}" if clean else "torch>=2.4"
 
 
@@ -120,19 +160,15 @@ def rentplan_source() -> str | None:
     return str(root) if (root / "pyproject.toml").exists() else None
 
 
-def order_task(order: dict, lines, out_dir: str, spec_path: str) -> str:
-    """sky.yaml for an order written to out_dir, from the ledger lines the plan rests on."""
-    import os
-
+def order_task(order: dict, launch: Launch, lines) -> str:
+    """sky.yaml for an order, from the ledger lines the plan rests on (checkpoint and export sizes for the disk)."""
     ids = set(str(order["plan"]["run_ids"]).replace(",", " ").split())
     mine = lines[lines["run_id"].isin(ids)] if ids else lines
+
     def biggest(phase):
         values = mine.loc[mine["phase"] == phase, "checkpoint_bytes"].dropna()
         return int(values.max()) if len(values) else None
-    rel = lambda p: os.path.relpath(p, os.getcwd())  # noqa: E731  sky launch runs where plan ran
-    return sky_yaml(order, rel(os.path.join(out_dir, "order.json")), rel(spec_path),
-                    torch_pin(list(lines["torch_version"].dropna())), biggest("save"), biggest("export"),
-                    rentplan_source())
+    return sky_yaml(order, launch, biggest("save"), biggest("export"), rentplan_source())
 
 
 class _BlockDumper(yaml.SafeDumper):
@@ -141,3 +177,4 @@ class _BlockDumper(yaml.SafeDumper):
 
 _BlockDumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s,
                                                                   style="|" if "\n" in s else None))
+_BlockDumper.add_representer(Shell, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", str(s)))
