@@ -288,7 +288,7 @@ def check_versions(df: pd.DataFrame, source) -> None:
         if col not in df:
             continue
         values = df[col].dropna().astype(str)
-        bad = values[~values.map(lambda v: bool(VERSION.fullmatch(v)))]
+        bad = values[~values.map(lambda v: v == "" or bool(VERSION.fullmatch(v)))]  # "": not known (a lost worker)
         if len(bad):
             i = bad.index[0]
             run = df.loc[i, "run_id"] if "run_id" in df else "?"

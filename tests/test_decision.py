@@ -78,18 +78,23 @@ def test_one_rule_recommends_and_stars_rocm_never_unmodelled_last():
     assert window_notes(plans, sheet.assign(recommended=sheet["offer"] == "fits")) == []
 
 
-def test_the_sheet_says_why_a_windows_star_is_not_the_recommendation():
-    # the recommended offer is cheapest for the whole campaign; in a 1-day window a slower one runs only priority 1
-    camp = load_campaign_text(campaign_yaml(setup_hours=0), "t")
-    sheet = pd.DataFrame([row("quick", 10.0, hours=20.0), row("cheap-per-window", 12.0, hours=30.0)])
-    sheet["variant_hours_high"] = [10.0, 15.0]
-    sheet["price_per_hour_usd"] = [1.0, 0.4]
-    sheet["recommended"] = sheet["offer"] == "quick"
+def test_a_windows_star_holds_the_most_work_then_costs_least_and_the_sheet_says_why_it_differs():
+    camp = load_campaign_text(campaign_yaml(setup_hours=0), "t")  # control (priority 1), lr-half (priority 2)
+    # in 1 day: "more" runs both variants, "less" only the control for less money; "slow-cheap" is the cheapest
+    # for the whole campaign but cannot finish the control within the day
+    sheet = pd.DataFrame([row("more", 20.0, hours=20.0), row("less", 15.0, hours=30.0),
+                          row("slow-cheap", 5.0, hours=60.0)])
+    sheet["variant_hours_high"] = [10.0, 15.0, 30.0]
+    sheet["price_per_hour_usd"] = [1.0, 0.5, 5.0 / 60]
+    sheet["recommended"] = sheet["offer"] == "slow-cheap"
     plans = plan_windows(sheet, camp, [1])
-    assert list(plans.loc[plans["cheapest_for_priority_1"], "offer"]) == ["cheap-per-window"]
+    by = plans.set_index("offer")
+    assert by.loc["more", "variants_in"] == "control, lr-half" and by.loc["less", "variants_in"] == "control"
+    assert by.loc["less", "cost_usd_high"] < by.loc["more", "cost_usd_high"]
+    assert list(plans.loc[plans["cheapest_for_priority_1"], "offer"]) == ["more"]  # more work beats less money
     (note,) = window_notes(plans, sheet)
-    assert note.startswith("1 days: ★ cheap-per-window is not the recommendation: in 1 days the recommended quick "
-                           "runs control, lr-half for $20.00, while ★ cheap-per-window runs control for $6.00")
+    assert note == ("1 days: ★ more is not the recommendation: the recommended slow-cheap does not complete the "
+                    "priority-1 variants in 1 days.")
 
 
 def test_a_rocm_offer_is_listed_never_recommended_and_gets_no_launch_file(tmp_path, monkeypatch):
@@ -134,3 +139,26 @@ def test_every_billed_hour_is_in_the_plan_with_its_basis(tmp_path, monkeypatch):
     assert "3 checkpoint save(s) of" in md and "÷ 200 MiB/s (catalog default, assumed)" in md
     assert "| variant | priority | training | evaluation | checkpoint saves | export | hours | cost |" in \
         (tmp_path / "out" / "budget.md").read_text()
+
+
+def test_a_configuration_the_allocator_holds_is_tight_never_does_not_fit(tmp_path, monkeypatch):
+    """User: Llama-2-13B with LoRA at micro-batch 1 really ran on an A100-40GB; the planner said micro-batch 0
+    fits there (the flat headroom made a real fit impossible). Need + context below the usable memory, but not
+    with the headroom: micro-batch 1 is planned, and called tight with its margin."""
+    from tests.factories import config, pilot_lines, write_ledger
+
+    a100 = 40 * 2**30
+    lines = []
+    for mb in (1, 2):  # need at micro-batch 1: 38.5 GiB + 0.5 GiB context < 40 GiB; × 1.10 > 40 GiB
+        peak = int(38.5 * 2**30 / 1.15) + (mb - 1) * 2**30  # allocated × 1.15 (no reserved figure): the need
+        lines += pilot_lines(config(micro_batch=mb, seq_len=256, eval_seq_len=256, eval_micro_batch=mb), peak)
+    monkeypatch.chdir(tmp_path)
+    write_ledger(tmp_path / "l.db", lines)
+    (tmp_path / "c.yaml").write_text(campaign_yaml(effective_batch=4))
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "out",
+                                 "--offer", "vast-a100_40gb-1x"])
+    assert r.exit_code == 0, r.output
+    row = pd.read_csv(tmp_path / "out" / "selection.csv").set_index("offer").loc["vast-a100_40gb-1x"]
+    assert row["usable_bytes"] == a100 and row["verdict"] == "tight" and row["micro_batch"] == 1
+    assert row["need_bytes"] + row["context_bytes"] <= a100 < (row["need_bytes"] + row["context_bytes"]) * 1.1
+    assert 0 <= row["headroom_pct"] < 10  # the margin shown

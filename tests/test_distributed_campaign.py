@@ -60,7 +60,8 @@ def test_campaign_under_torchrun_writes_once_and_learns_as_one_process(tmp_path,
     cfg = json.loads(runs[0][1])["config"]
     assert (cfg["world_size"], cfg["micro_batch"], cfg["grad_accum"]) == (2, 4, 1)
     assert events == ["started", "finished"]
-    assert [m[2] for m in metrics] == ["setup", "train", "train", "val", "train", "train", "val", "export"]
+    # a checkpoint at the first evaluation (the default cadence; ranks save together, FSDP as DCP shards)
+    assert [m[2] for m in metrics] == ["setup", "train", "train", "val", "save", "train", "train", "val", "export"]
     assert out.count("1 run: 1 finished") == 1, "one summary line, from rank 0"
     # Process r reads micro-batches index × 2 + r: the two processes together see what one process sees with
     # micro-batch 4 × accumulation 2, so the losses agree (float sums in another order: not bit for bit).

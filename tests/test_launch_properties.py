@@ -61,7 +61,8 @@ def project(root: Path, where: str, text: str) -> tuple[list[str], str]:
 
 def intended_run(out: str, where: str, text: str) -> list[list[str]]:
     order = os.path.normpath(os.path.join(out, "order.json"))
-    head = [["set", "-euo", "pipefail"], [".", "~/rentplan-venv/bin/activate"]]
+    head = [["set", "-euo", "pipefail"], [".", "~/rentplan-venv/bin/activate"],
+            ["export", "PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}"]]
     if where == "trainer":
         return head + [["rentplan", "verify", order, "--skip-pilot"]]  # then echo and exit, checked below
     return head + [["rentplan", "verify", order],
@@ -78,14 +79,14 @@ def test_hostile_text_is_refused_or_stays_data(tmp_path_factory, where, text):
     os.chdir(root)
     try:
         args, out = project(root, where, text)
-        before = sorted(p.name for p in root.iterdir())
+        before = sorted(p.name for p in root.iterdir() if not p.name.startswith("l.db-"))
         r = CliRunner().invoke(cli, args)
     finally:
         os.chdir(cwd)
     assert "Traceback" not in r.output and not (root / "PWNED").exists()
     if r.exit_code != 0:
         assert r.exit_code == 1 and r.output.startswith("Error:"), r.output
-        assert sorted(p.name for p in root.iterdir()) == before  # a refused plan writes nothing
+        assert sorted(p.name for p in root.iterdir() if not p.name.startswith("l.db-")) == before  # nothing written
         return
     sky = root / out / "sky.yaml"
     task = yaml.safe_load(sky.read_text())
@@ -95,8 +96,8 @@ def test_hostile_text_is_refused_or_stays_data(tmp_path_factory, where, text):
     want = intended_run(out, where, text)
     assert run[:len(want)] == want
     if where == "trainer":
-        assert len(run) == 5 and run[3][0] == "echo" and run[3][2] == ">&2" and f"trainer:{text}" in run[3][1]
-        assert run[4] == ["exit", "2"]
+        assert len(run) == 6 and run[4][0] == "echo" and run[4][2] == ">&2" and f"trainer:{text}" in run[4][1]
+        assert run[5] == ["exit", "2"]
     else:
         assert len(run) == len(want)
     setup = [shlex.split(x, comments=True) for x in task["setup"].splitlines()]

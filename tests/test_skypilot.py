@@ -97,6 +97,7 @@ def test_disk_holds_kept_checkpoints_and_the_export(tmp_path):
     gib = 1024**3
     assert disk_gb(None, None) == 100
     assert disk_gb(40 * gib, 14 * gib) == 100 + 3 * 40 + 14
+    assert disk_gb(40 * gib, 14 * gib, runs=4) == 100 + 4 * (3 * 40 + 14)  # every variant keeps its own
     order = {"campaign": "x", "offer": {"id": "o", "provider": "market_range_longtail", "gpus_per_instance": 1,
                                        "nodes": 1, "spot": False},
              "expect": {"gpu_id": "rtx_4090"}, "settings": {"strategy": "single", "workload": "builtin:gpt"},
@@ -105,7 +106,7 @@ def test_disk_holds_kept_checkpoints_and_the_export(tmp_path):
     task = sky_task(order, launch, 10 * gib, None)
     assert task["resources"]["disk_size"] == 130
     assert "cloud" not in task["resources"]  # a market range names no cloud: SkyPilot chooses
-    assert task["setup"].splitlines()[-1] == "pip install -q 'rentplan[probe,hf]'"
+    assert task["setup"].splitlines()[-1] == "pip install -q 'rentplan[probe,hf]==0.1.0'"  # this release
     # Lines from the user's own loop: the stack is verified, and the run asks for their command instead of
     # starting a campaign rentplan cannot run.
     own = {**order, "settings": {"strategy": "ddp × 8", "workload": "trainer:my-llama", "micro_batch": 4,

@@ -6,9 +6,11 @@ optimal for it (a shortest-first prefix maximises the count and leaves the most 
 tests check it against brute-force enumeration. Each variant's hours already hold its training, every
 evaluation pass (the final one included), its checkpoint saves and its export; setup is paid once per window.
 
-Each window's ★ follows the rule of the sheet's recommendation (planner/decisions/select.py: preference), ranked
-by what the window costs among the offers that complete the priority-1 variants in it; where the two name
-different offers, `window_notes` says why.
+Each window's ★ follows the rule of the sheet's recommendation (planner/decisions/select.py: preference) among the
+offers that complete the priority-1 variants in it, with one more key before the cost: the work the window holds
+(the packing's own objective: most priority-1 variants, then priority-2, ...), so an offer that fits more work is
+never passed over for one that is cheaper only because it runs less. Where the ★ is not the recommended offer,
+`window_notes` says why.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd
     if fitting.empty:
         return pd.DataFrame()
     variants = campaign.variants
-    p1 = {v.id for v in variants if v.priority == min(x.priority for x in variants)}
+    levels = sorted({v.priority for v in variants})
+    p1 = {v.id for v in variants if v.priority == levels[0]}
     hours = fitting["variant_hours_high"].astype(float)  # the conservative end of the range
     hours_lo = fitting["variant_hours_low"].astype(float)
     price = fitting["price_per_hour_usd"].astype(float)
@@ -82,6 +85,9 @@ def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd
             "variants_out": hours.map({h: ", ".join(v.id for i, v in enumerate(variants) if i not in c)
                                        for h, c in chosen.items()}),
             "completes_priority_1": hours.map({h: p1 <= {variants[i].id for i in c} for h, c in chosen.items()}),
+            # the work a window holds, as the packing counts it: minus the variants per priority level
+            **{f"_w{lv}": hours.map({h: -sum(1 for i in c if variants[i].priority == lv) for h, c in chosen.items()})
+               for lv in levels},
             "hours_used_low": used_lo, "hours_used_high": used, "idle_hours": (window - used).clip(lower=0.0),
             "cost_usd_low": (price * used_lo.where(used_lo > minimum, minimum)).where(n > 0, 0.0),
             "cost_usd_high": (price * used.where(used > minimum, minimum)).where(n > 0, 0.0),
@@ -91,13 +97,18 @@ def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd
     df = pd.concat(frames, ignore_index=True)
     df["completes_priority_1"] = df["completes_priority_1"].astype(bool)
     df["cheapest_for_priority_1"] = False
+    work = tuple(f"_w{lv}" for lv in levels)
     for d in days:
-        best = preference(df[(df["days"] == d) & df["completes_priority_1"]], "cost_usd_high", "hours_used_high")
+        best = preference(df[(df["days"] == d) & df["completes_priority_1"]], "cost_usd_high", "hours_used_high",
+                          work)
         if not best.empty:
             df.loc[best.index[0], "cheapest_for_priority_1"] = True
-    df["_m"] = df["unmodelled"].fillna("") != ""  # listed after what is fully modelled, as in the selection
-    return df.sort_values(["days", "cheapest_for_priority_1", "_m", "cost_usd_high"],
-                          ascending=[True, False, True, True]).drop(columns="_m").reset_index(drop=True)
+    # listed: the ★ first, then what holds the most work, fully modelled first, cheapest; a window that holds
+    # nothing last
+    df["_m"] = df["unmodelled"].fillna("") != ""
+    df = df.sort_values(["days", "cheapest_for_priority_1", *work, "_m", "cost_usd_high"],
+                        ascending=[True, False, *[True] * len(work), True, True])
+    return df.drop(columns=["_m", *work]).reset_index(drop=True)
 
 
 def recommend(sheet: pd.DataFrame) -> pd.Series | None:
@@ -131,8 +142,8 @@ def mark_ordered(sheet: pd.DataFrame, offer_id: str | None) -> pd.DataFrame:
 
 
 def window_notes(plans: pd.DataFrame, sheet: pd.DataFrame) -> list[str]:
-    """Why a window's ★ is not the recommended offer: the ★ ranks what fits in that window, the recommendation
-    the whole campaign."""
+    """Why a window's ★ is not the recommended offer: the ★ ranks the work a window holds and its cost there, the
+    recommendation the whole campaign's cost."""
     rec = recommend(sheet)
     if rec is None or plans.empty:
         return []
@@ -142,14 +153,14 @@ def window_notes(plans: pd.DataFrame, sheet: pd.DataFrame) -> list[str]:
         if star.empty or star["offer"].iloc[0] == rec["offer"]:
             continue
         s, mine = star.iloc[0], g[g["offer"] == rec["offer"]]
-        if mine.empty:
+        if mine.empty or not mine["completes_priority_1"].iloc[0]:
             why = f"the recommended {rec['offer']} does not complete the priority-1 variants in {d} days"
         else:
             m = mine.iloc[0]
             why = (f"in {d} days the recommended {rec['offer']} runs {m['variants_in'] or 'nothing'} for "
                    f"{fmt_usd(m['cost_usd_high'])}, while ★ {s['offer']} runs {s['variants_in']} for "
-                   f"{fmt_usd(s['cost_usd_high'])}: ★ is the cheapest that completes priority 1 in the window, the "
-                   "recommendation the cheapest for the whole campaign")
+                   f"{fmt_usd(s['cost_usd_high'])}: ★ holds the most work the window allows (by priority), then "
+                   "costs least there; the recommendation is the cheapest for the whole campaign")
         notes.append(f"{d} days: ★ {s['offer']} is not the recommendation: {why}.")
     return notes
 

@@ -1,7 +1,8 @@
 """Selection sheet: one row per catalog offer for a campaign, from ledger lines. Pure functions, no I/O.
 
-Fit rule (bytes throughout): total = need + CUDA context; fits when total × (1 + headroom) <= usable;
-tight when it fits with the headroom but not with twice the headroom; else does not fit.
+Fit rule (bytes throughout): total = need + CUDA context (+ BLAS workspaces and NCCL buffers where they apply);
+fits when total × (1 + headroom) <= usable; tight when total <= usable without the headroom (the allocator's
+own rule holds it: the headroom is a policy on top, shown as the margin); does not fit only when total > usable.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
 
 def fit_verdict(need_bytes: float, context_bytes: float, usable_bytes: float, headroom: float) -> str:
     total = need_bytes + context_bytes
-    if total * (1 + headroom) > usable_bytes:
+    if total > usable_bytes:
         return NO_FIT
-    if total * (1 + 2 * headroom) > usable_bytes:
+    if total * (1 + headroom) > usable_bytes:
         return TIGHT
     return FITS
 
@@ -196,15 +197,16 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
     return df
 
 
-def preference(df: pd.DataFrame, cost: str, hours: str) -> pd.DataFrame:
+def preference(df: pd.DataFrame, cost: str, hours: str, work: tuple[str, ...] = ()) -> pd.DataFrame:
     """Offers a recommendation may name, best first, by one rule used for the sheet's recommendation and each
     window's ★: never a GPU whose software stack rentplan has not sized (ROCm); fully modelled before an offer
     whose need leaves something out (the row's `unmodelled` says what); fits before tight; no idle GPU before
-    idle ones; then the cheapest (`cost`), the quickest (`hours`) and the id."""
+    idle ones; then the most work (`work`: columns to sort ascending, e.g. minus the variants a window holds per
+    priority); then the cheapest (`cost`), the quickest (`hours`) and the id."""
     ok = df[(df["verdict"] != NO_FIT) & df[cost].notna() & (df["software"] == "cuda")]
     keys = ok.assign(_m=ok["unmodelled"].fillna("") != "", _v=ok["verdict"].map({FITS: 0, TIGHT: 1}),
                      _i=ok["idle_gpus"] > 0)
-    return keys.sort_values(["_m", "_v", "_i", cost, hours, "offer"])
+    return keys.sort_values(["_m", "_v", "_i", *work, cost, hours, "offer"])
 
 
 def recommended_index(sheet: pd.DataFrame):
@@ -266,7 +268,10 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
     max_mb, mb_extrap = max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len, budget)
     max_seq, seq_extrap = max_seq_len(fam.memory, 1, budget)
-    plan = choose_strategy(campaign, catalog, gpu, offer, fam, precision, seq, max_mb, headroom,
+    # nothing fits with the headroom: the largest that fits the usable memory itself is planned, and called tight
+    plan_mb = max_mb or max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len,
+                                        gpu.usable_bytes - ctx)[0]
+    plan = choose_strategy(campaign, catalog, gpu, offer, fam, precision, seq, plan_mb, headroom,
                            fams.sharded(precision, offer.gpus_per_instance * offer.nodes))
     need, mb, accum, replicas = plan["need"], plan["micro_batch"], plan["grad_accum"], plan["replicas"]
     ctx = plan["context"]

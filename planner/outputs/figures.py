@@ -108,7 +108,7 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
     top = max(float(ok["peak_allocated_bytes"].max()), float(_reserved(ok).max() if has_reserved else 0),
               float(marks["usable_bytes"].max()) if len(marks) else 0) / MiB
     for i, (ax, run_id) in enumerate(zip(axes[0], configs)):
-        rows = ok[ok["run_id"] == run_id].set_index("phase").reindex(PHASES)
+        rows = ok[ok["run_id"] == run_id].drop_duplicates("phase", keep="last").set_index("phase").reindex(PHASES)
         x = range(len(PHASES))
         ax.bar([k - 0.2 for k in x], rows["peak_allocated_bytes"] / MiB, width=0.4, label="allocated peak",
                color="#4c72b0")

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from planner.errors import InputError
 from planner.inputs.campaign_spec import FILE_PARAMS, parse_campaign, resolve_path
 from planner.inputs.yamlsafe import load_yaml_file
 
@@ -33,6 +35,22 @@ REMOTE_WORKDIR = "~/sky_workdir"
 OUTSIDE = ".rentplan-launch"
 SPEC_NAME = "order-campaign.yaml"
 OWN_LOOPS = ("trainer:", "lightning:", "script:")  # workloads measured by callbacks or probe --script
+# SkyPilot makes each mount's folder on the machine with an unquoted `mkdir -p DIR` (sky/backends/
+# backend_utils.py, _execute_file_mounts / sky/utils/command_runner): every part of a path it uploads to must be
+# a word no shell reads twice. Local sources reach rsync quoted by Python's repr, which a quote, `$`, a backtick
+# or a backslash get through.
+SAFE_PART = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]*")
+UNSAFE_SOURCE = re.compile(r"['\"$`\\]")
+MAX_FILES = 2000  # files a folder mount may hold, each named (a folder mount would apply .gitignore again)
+SKIP_DIRS = {".git", "__pycache__"}
+
+
+def launch_path_problem(rel: str) -> str | None:
+    for part in rel.split("/"):
+        if not SAFE_PART.fullmatch(part):
+            return (f"its part {part!r} is not letters, digits, '.', '_' and '-' (not first): SkyPilot creates mount "
+                    "folders on the machine with an unquoted `mkdir -p`, so rentplan carries no other name there")
+    return None
 
 
 @dataclass
@@ -41,20 +59,66 @@ class Layout:
 
     root: Path  # the launch folder
     mounts: dict[str, str] = field(default_factory=dict)  # remote relative path -> local path as sky reads it
+    outside: dict[str, int] = field(default_factory=dict)  # a folder outside the launch folder -> its number
 
-    def place(self, local: str | Path) -> str:
+    def place(self, local: str | Path, what: str) -> str:
+        """Mount a file (or every file of a folder, each by name) and return where it lands, relative to the remote
+        working folder. `what` names it in an error (e.g. "the workload file")."""
         path = Path(os.path.abspath(local))
+        if not path.exists():
+            raise InputError(f"{what} {path} does not exist: sky.yaml would carry it to the machine. Fix the "
+                             "path in the campaign spec.")
+        rel = self._target(path, what)
+        if path.is_dir():
+            self._folder(path, rel, what)
+        else:
+            self.mounts[rel] = self._source(path)
+        return rel
+
+    def reserve(self, local: str | Path, what: str) -> str:
+        """A file this plan is about to write (order.json, the campaign as ordered): mounted like any other."""
+        path = Path(os.path.abspath(local))
+        rel = self._target(path, what)
+        self.mounts[rel] = self._source(path)
+        return rel
+
+    def _target(self, path: Path, what: str) -> str:
+        if UNSAFE_SOURCE.search(str(path)):
+            raise InputError(f"{what} {path}: a quote, '$', a backtick or a backslash in a path that SkyPilot uploads "
+                             "reaches a shell on this machine; rename it.")
         try:
             rel = path.relative_to(self.root).as_posix()
-            source = rel
         except ValueError:
-            known = {v: k for k, v in self.mounts.items()}
-            if str(path) in known:
-                return known[str(path)]
-            rel = f"{OUTSIDE}/{sum(1 for k in self.mounts if k.startswith(OUTSIDE + '/')) + 1}/{path.name}"
-            source = str(path)
-        self.mounts[rel] = source
+            n = self.outside.setdefault(str(path.parent), len(self.outside) + 1)
+            name = re.sub(r"[^A-Za-z0-9._-]", "_", path.name).lstrip("-") or "file"
+            rel = f"{OUTSIDE}/{n}/{name}"
+        why = launch_path_problem(rel)
+        if why:
+            raise InputError(f"{what} {rel}: {why}. Rename it, or plan from (or --out into) a folder without it.")
         return rel
+
+    def _folder(self, path: Path, rel: str, what: str) -> None:
+        files = []
+        for top, dirs, names in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+            files += [Path(top) / n for n in sorted(names)]
+            if len(files) > MAX_FILES:
+                raise InputError(f"{what} {path} holds more than {MAX_FILES} files: mount it yourself (a SkyPilot "
+                                 "storage mount) and name its path on the machine.")
+        for f in files:
+            sub = f"{rel}/{f.relative_to(path).as_posix()}"
+            why = launch_path_problem(sub)
+            if why:
+                raise InputError(f"{what}: {sub}: {why}. Rename it.")
+            self.mounts[sub] = self._source(f)
+
+    def _source(self, path: Path) -> str:
+        """As sky reads it from the launch folder: './rel' inside it (a leading '~' or '-' stays a name), else the
+        absolute path."""
+        try:
+            return "./" + path.relative_to(self.root).as_posix()
+        except ValueError:
+            return str(path)
 
     def file_mounts(self) -> dict[str, str]:
         return {f"{REMOTE_WORKDIR}/{rel}": src for rel, src in sorted(self.mounts.items())}
@@ -65,19 +129,24 @@ def _relative_to(target: str, folder: str) -> str:
 
 
 def place_workload(ref: str, base_dir: str, layout: Layout, folder: str) -> str:
-    """The reference as it reads from `folder` (relative to the remote workdir) once its file is mounted."""
+    """The reference as it reads from `folder` (relative to the remote workdir) once its file is mounted; a
+    workload file's sibling .py files travel with it (its own imports)."""
     if ref.startswith(("builtin:", *OWN_LOOPS)):
         return ref
     if ref.startswith("hf:"):
-        return "hf:" + _relative_to(layout.place(resolve_path(ref[3:], base_dir)), folder)
+        return "hf:" + _relative_to(layout.place(resolve_path(ref[3:], base_dir), "the hf: model folder"), folder)
     target, sep, func = ref.rpartition(":")
     if sep and (target.endswith(".py") or "/" in target):
-        return f"{_relative_to(layout.place(resolve_path(target, base_dir)), folder)}:{func}"
-    return ref  # package.module:function: found on the remote through the working folder (workdir sync)
+        path = Path(resolve_path(target, base_dir))
+        for sibling in sorted(path.parent.glob("*.py")) if path.is_file() else []:
+            if sibling != path:
+                layout.place(sibling, "a module beside the workload file")
+        return f"{_relative_to(layout.place(path, 'the workload file'), folder)}:{func}"
+    return ref  # package.module:function: found on the remote through the working folder (on PYTHONPATH there)
 
 
 def place_params(params: dict, base_dir: str, layout: Layout, folder: str) -> dict:
-    return {k: (_relative_to(layout.place(resolve_path(v, base_dir)), folder)
+    return {k: (_relative_to(layout.place(resolve_path(v, base_dir), f"params.{k}"), folder)
                 if k in FILE_PARAMS and isinstance(v, str) else v) for k, v in params.items()}
 
 
@@ -93,7 +162,7 @@ class Launch:
 def launch_files(order: dict, spec_path: str, out_dir: str, root: str | None = None) -> Launch:
     """The order for the rented machine and the campaign spec it runs, with every file they name mounted."""
     layout = Layout(Path(os.path.abspath(root or os.getcwd())))
-    order_rel = layout.place(Path(out_dir) / "order.json")
+    order_rel = layout.reserve(Path(out_dir) / "order.json", "the --out folder")
     folder = posixpath.dirname(order_rel)
     settings = dict(order["settings"])
     spec = Path(spec_path)
@@ -104,7 +173,7 @@ def launch_files(order: dict, spec_path: str, out_dir: str, root: str | None = N
     machine_order = {**order, "settings": settings}
     if str(order["settings"]["workload"]).startswith(OWN_LOOPS):
         return Launch(machine_order, None, order_rel, None, layout)
-    spec_rel = layout.place(Path(out_dir) / SPEC_NAME)
+    spec_rel = layout.reserve(Path(out_dir) / SPEC_NAME, "the --out folder")
     data = load_yaml_file(spec, "campaign")
     data["workload"] = place_workload(data["workload"], base_dir, layout, folder)
     data["params"] = place_params(data.get("params") or {}, base_dir, layout, folder)

@@ -36,15 +36,30 @@ def provenance(lines: pd.DataFrame) -> list[dict]:
     return rows
 
 
+TORCH_VERSION = re.compile(r"\d+(\.\d+){1,3}")
+
+
+def newest_version(versions) -> str | None:
+    """The newest release among versions as torch reports them ('2.13.0+cpu' -> '2.13.0'), by number, not text."""
+    found = {m.group(0) for v in versions if v and (m := TORCH_VERSION.match(str(v)))}
+    return max(found, key=lambda v: tuple(int(x) for x in v.split(".")), default=None)
+
+
+def torch_requirement(versions) -> str:
+    """The torch the pilot ran, as a pip requirement (a +cpu build's version, without +cpu: on Linux PyPI's wheel
+    of that version is the CUDA build)."""
+    newest = newest_version(versions)
+    return f"torch=={newest}" if newest else "torch>=2.4"
+
+
 def stack_for(rec: pd.Series, lines: pd.DataFrame) -> dict:
-    torch_versions = sorted({v for v in lines["torch_version"].dropna() if v})
-    cuda_versions = sorted({v for v in lines["cuda_version"].dropna() if v})
-    torch_min = ".".join(torch_versions[-1].split("+")[0].split(".")[:2]) if torch_versions else "2.4"
+    newest = newest_version(lines["torch_version"].dropna())
+    cuda = newest_version(lines["cuda_version"].dropna())
+    torch_min = ".".join(newest.split(".")[:2]) if newest else "2.4"
     if rec["software"] == "rocm":
         return {"driver": "ROCm build of PyTorch", "torch": f">= {torch_min} (ROCm build)", "cuda": "n/a (ROCm)"}
-    cuda = rec["min_cuda"] or "12.1"
-    if cuda_versions and cuda_versions[-1] > cuda:
-        cuda = cuda_versions[-1]
+    floor = rec["min_cuda"] or "12.1"
+    cuda = newest_version([floor, cuda]) or floor  # the pilot's CUDA where newer than the GPU's minimum
     return {"driver": "NVIDIA driver supporting the CUDA below", "torch": f">= {torch_min} (CUDA build)",
             "cuda": f">= {cuda}"}
 
@@ -71,8 +86,6 @@ def workload_extras(workload: str, params: dict, optimizer: str) -> list[str]:
 
 def order_stack(campaign, device_kind: str, lines: pd.DataFrame) -> dict:
     """What the machine must run: the torch the pilot ran (its build for the device kind) and rentplan's extras."""
-    from planner.outputs.skypilot import torch_requirement
-
     extras = workload_extras(campaign.workload, campaign.params, campaign.optimizer)
     return {"torch_requirement": torch_requirement(list(lines["torch_version"].dropna())),
             "torch_build": device_kind, "extras": extras,

@@ -17,7 +17,7 @@ import jinja2
 import pandas as pd
 
 from planner import PACKAGE_DIR, __version__
-from planner.inputs.campaign_spec import Campaign
+from planner.inputs.campaign_spec import KEPT_CHECKPOINTS, Campaign
 from planner.inputs.catalog import Catalog
 from planner.outputs.orders import provenance, stack_for
 from planner.decisions.plans import ordered, recommend, window_notes
@@ -146,12 +146,19 @@ def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
     return out
 
 
-def plan_rows(plans: pd.DataFrame, limit_per_window: int = 5) -> list[dict]:
+def plan_rows(plans: pd.DataFrame, sheet: pd.DataFrame | None = None, limit_per_window: int = 5) -> list[dict]:
+    """Each window's first rows (the ★ first), those that hold some work only, and always the ordered and the
+    recommended offer's row, so the table shows what the sheet compares."""
     out = []
     if plans.empty:
         return out
+    keep = set()
+    if sheet is not None:
+        keep = set(sheet.loc[sheet.get("ordered", sheet["recommended"]) | sheet["recommended"], "offer"])
     for d, g in plans.groupby("days", sort=True):
-        for _, r in g.head(limit_per_window).iterrows():
+        busy = g[g["variants_in"].fillna("") != ""]
+        shown = pd.concat([busy.head(limit_per_window), busy[busy["offer"].isin(keep)]]).drop_duplicates("offer")
+        for _, r in shown.iterrows():
             out.append({
                 "days": int(d), "offer": r["offer"], "gpu": r["gpu"], "strategy": r["strategy_label"],
                 "marked": "★" if r["cheapest_for_priority_1"] else "",
@@ -186,7 +193,8 @@ def order_context(rec: pd.Series, sheet: pd.DataFrame, lines: pd.DataFrame) -> d
         chosen = "rentplan's recommendation: " + ("the cheapest fully modelled offer that fits, no GPU idle"
                                                   if not rec["unmodelled"] else "the cheapest that fits")
     return {
-        "offer": rec["offer"], "gpu": rec["gpu"], "provider": rec["provider"], "instance": rec["instance"] or "",
+        "offer": rec["offer"], "gpu": rec["gpu"], "provider": rec["provider"],
+        "instance": rec["instance"] if isinstance(rec["instance"], str) else "",
         "gpus": int(rec["gpus_per_instance"]), "price": _price(rec), "strategy_why": rec["strategy_why"],
         "chosen": chosen, "unmodelled": rec["unmodelled"] or "",
         "usable": fmt_bytes(rec["usable_bytes"]), "need": row["need"],
@@ -222,15 +230,16 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
                              f"seq_len {campaign.eval.seq_len}",
                      "saves": f"a checkpoint every {campaign.save_every} updates "
                               f"({'save_every_updates' if campaign.save_every_updates else 'at each evaluation: the default'}), "
-                              f"the newest kept",
+                              f"the newest {KEPT_CHECKPOINTS} kept per run",
                      "export": campaign.export, "setup_hours": campaign.setup_hours,
                      "seq_len": int(sheet["seq_len"].iloc[0]) if len(sheet) else None,
                      "seq_len_note": sheet.attrs.get("seq_len_note", ""), "precision": campaign.precision,
                      "base": base_note(campaign.params)},
         "assumptions": [
             f"fit: (need + {fmt_bytes(catalog.context_bytes)} CUDA context + BLAS workspaces where not measured, + "
-            f"NCCL buffers on several GPUs) × (1 + {headroom:.0%} headroom) ≤ usable memory; 'tight' fits with the "
-            f"headroom but not with twice it (each row's context basis names what was added)",
+            f"NCCL buffers on several GPUs) × (1 + {headroom:.0%} headroom) ≤ usable memory; 'tight': that total "
+            f"fits the usable memory but not with the headroom; 'does not fit': the total alone is above the usable "
+            f"memory (each row's context basis names what was added)",
             f"need = the largest phase peak: reserved where measured on CUDA, else the reserved peak a model of "
             f"CUDA's caching allocator gives for the run's own allocations, else (lines without that model) "
             f"allocated × {catalog.fragmentation_factor:g}; allocated and reserved are never added",
@@ -257,7 +266,7 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
         "n_fitting": int(len(fitting)), "n_offers": int(len(sheet)),
         "not_fitting": [{"offer": r["offer"], "need": need_text(r), "usable": fmt_bytes(r["usable_bytes"])}
                         for _, r in sheet[sheet["verdict"] == NO_FIT].head(8).iterrows()],
-        "plans": plan_rows(plans),
+        "plans": plan_rows(plans, sheet),
         "budget": budget_context(budget),
         "provenance": prov,
         "catalog": {"source": catalog.source},
@@ -313,7 +322,7 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
         "order_sheet.html": render_template("order_sheet.html.j2", ctx),
         "budget.md": render_template("budget.md.j2", ctx),
     }
-    files.update(order_files(order, lines, out, spec_path))
+    files.update(order_files(order, lines, out, spec_path, len(campaign.variants)))
     written = []
     for name, text in files.items():
         if text is None:  # a launch file of an earlier plan that this decision has none of
@@ -327,7 +336,7 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
 LAUNCH_FILES = ("order.json", "sky.yaml", "order-campaign.yaml")
 
 
-def order_files(order: dict | None, lines: pd.DataFrame, out: Path, spec_path: str | None) -> dict:
+def order_files(order: dict | None, lines: pd.DataFrame, out: Path, spec_path: str | None, runs: int) -> dict:
     """order.json and, for an offer on a CUDA GPU, what launches it (sky.yaml and the campaign as ordered, every
     path as the rented machine reads it: planner/outputs/launch.py). A file this decision has none of maps to
     None, so an earlier plan's copy does not stay beside this order."""
@@ -340,7 +349,7 @@ def order_files(order: dict | None, lines: pd.DataFrame, out: Path, spec_path: s
 
         launch = launch_files(order, spec_path, str(out))
         order = launch.order
-        files["sky.yaml"] = order_task(order, launch, lines)
+        files["sky.yaml"] = order_task(order, launch, lines, runs)
         files[SPEC_NAME] = launch.spec_text
     files["order.json"] = json.dumps(_no_nan(order), indent=2, default=_json_default, allow_nan=False)
     return files

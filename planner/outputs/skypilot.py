@@ -40,7 +40,6 @@ CLOUDS = {"aws": "aws", "gcp": "gcp", "azure": "azure", "lambda": "lambda", "run
           "do": "do", "hyperbolic": "hyperbolic", "ibm": "ibm", "scp": "scp"}
 MIN_DISK_GB = 100
 VENV = "~/rentplan-venv"
-TORCH_VERSION = re.compile(r"\d+(\.\d+){1,3}")
 
 
 class Shell(str):
@@ -52,9 +51,10 @@ def command(*words) -> str:
     return " ".join(w if isinstance(w, Shell) else shlex.quote(str(w)) for w in words)
 
 
-def disk_gb(checkpoint_bytes: int | None, export_bytes: int | None) -> int:
-    """Room for the environment and data (the 100 GB floor) plus kept checkpoints and the exported model."""
-    need = KEPT_CHECKPOINTS * (checkpoint_bytes or 0) + (export_bytes or 0)
+def disk_gb(checkpoint_bytes: int | None, export_bytes: int | None, runs: int = 1) -> int:
+    """Room for the environment and data (the 100 GB floor) plus, for every run of the campaign (one per variant),
+    its kept checkpoints and its exported model: each run keeps its own (probes/campaign.py)."""
+    need = runs * (KEPT_CHECKPOINTS * (checkpoint_bytes or 0) + (export_bytes or 0))
     return max(MIN_DISK_GB, MIN_DISK_GB + math.ceil(need / GiB))
 
 
@@ -89,13 +89,17 @@ def setup_lines(order: dict, rentplan_source: str | None) -> list[str]:
     if rentplan_source:  # this rentplan, mounted at ~/rentplan; extras come from orders.EXTRAS' fixed names
         lines.append(command(Shell("pip"), Shell("install"), Shell("-q"), Shell("-e"),
                              Shell(f'"$HOME/rentplan[{extras}]"')))
-    else:
-        lines.append(command(Shell("pip"), Shell("install"), Shell("-q"), f"rentplan[{extras}]"))
+    else:  # the release this plan was made with
+        from planner import __version__
+
+        lines.append(command(Shell("pip"), Shell("install"), Shell("-q"), f"rentplan[{extras}]=={__version__}"))
     return lines
 
 
 def run_lines(order: dict, launch: Launch) -> list[str]:
-    lines = [Shell("set -euo pipefail"), command(Shell("."), Shell(f"{VENV}/bin/activate"))]
+    # the working folder on the import path, as `python` run there has it: package.module:function workloads
+    lines = [Shell("set -euo pipefail"), command(Shell("."), Shell(f"{VENV}/bin/activate")),
+             Shell('export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"')]
     workload = str(order["settings"]["workload"])
     if workload.startswith(OWN_LOOPS):  # lines from the user's own loop: rentplan cannot start that loop itself
         s = order["settings"]
@@ -108,13 +112,13 @@ def run_lines(order: dict, launch: Launch) -> list[str]:
 
 
 def sky_task(order: dict, launch: Launch, checkpoint_bytes: int | None = None, export_bytes: int | None = None,
-             rentplan_source: str | None = None) -> dict:
+             rentplan_source: str | None = None, runs: int = 1) -> dict:
     """The SkyPilot task for an order (local paths relative to the launch folder, where `sky launch` runs)."""
     offer, expect = order["offer"], order["expect"]
     gpu = expect["gpu_id"]
     resources: dict = {"accelerators": f"{ACCELERATORS.get(gpu, str(gpu).upper())}:{int(offer['gpus_per_instance'])}",
                        "use_spot": bool(offer.get("spot", False)),
-                       "disk_size": disk_gb(checkpoint_bytes, export_bytes)}
+                       "disk_size": disk_gb(checkpoint_bytes, export_bytes, runs)}
     cloud = CLOUDS.get(str(offer.get("provider", "")).lower())
     if cloud:
         resources["cloud"] = cloud
@@ -136,20 +140,13 @@ def sky_task(order: dict, launch: Launch, checkpoint_bytes: int | None = None, e
 
 
 def sky_yaml(order: dict, launch: Launch, checkpoint_bytes: int | None = None, export_bytes: int | None = None,
-             rentplan_source: str | None = None) -> str:
-    task = sky_task(order, launch, checkpoint_bytes, export_bytes, rentplan_source)
+             rentplan_source: str | None = None, runs: int = 1) -> str:
+    task = sky_task(order, launch, checkpoint_bytes, export_bytes, rentplan_source, runs)
     # names in the comment as JSON strings (ASCII, escaped): nothing in them can end the comment line
     head = (f"# SkyPilot task for the rentplan order of {json.dumps(str(order['campaign']))} "
             f"(offer {json.dumps(str(order['offer']['id']))}).\n"
             "# Launch from the folder rentplan plan ran in: sky launch -c rentplan THIS_FILE\n")
     return head + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=1000, allow_unicode=False)
-
-
-def torch_requirement(versions: list[str]) -> str:
-    """The torch the pilot ran, as a pip requirement for a CUDA machine (a +cpu build's version, without +cpu)."""
-    clean = sorted({m.group(0) for v in versions if v and (m := TORCH_VERSION.match(str(v)))},
-                   key=lambda v: tuple(int(x) for x in v.split(".")))
-    return f"torch=={clean[-1]}" if clean else "torch>=2.4"
 
 
 def rentplan_source() -> str | None:
@@ -160,15 +157,16 @@ def rentplan_source() -> str | None:
     return str(root) if (root / "pyproject.toml").exists() else None
 
 
-def order_task(order: dict, launch: Launch, lines) -> str:
-    """sky.yaml for an order, from the ledger lines the plan rests on (checkpoint and export sizes for the disk)."""
+def order_task(order: dict, launch: Launch, lines, runs: int) -> str:
+    """sky.yaml for an order, from the ledger lines the plan rests on (checkpoint and export sizes for the disk of
+    `runs` runs: the campaign's variants)."""
     ids = set(str(order["plan"]["run_ids"]).replace(",", " ").split())
     mine = lines[lines["run_id"].isin(ids)] if ids else lines
 
     def biggest(phase):
         values = mine.loc[mine["phase"] == phase, "checkpoint_bytes"].dropna()
         return int(values.max()) if len(values) else None
-    return sky_yaml(order, launch, biggest("save"), biggest("export"), rentplan_source())
+    return sky_yaml(order, launch, biggest("save"), biggest("export"), rentplan_source(), runs)
 
 
 class _BlockDumper(yaml.SafeDumper):
