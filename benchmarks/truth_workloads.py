@@ -55,7 +55,10 @@ class Truth:
         if kind != "timm":
             from transformers import AutoConfig
 
-            self.config = AutoConfig.from_pretrained(source)
+            # T5 ran with its eager attention (the rows date from 2024, before transformers gave T5 SDPA): scores,
+            # position bias and softmax kept as the model computes them
+            extra = {"attn_implementation": "eager"} if kind == "seq2seq" else {}
+            self.config = AutoConfig.from_pretrained(source, **extra)
 
     def build_model(self):
         if self.kind == "timm":
@@ -74,11 +77,11 @@ class Truth:
         if self.kind == "timm":  # seq_len is the image's side
             return {"x": torch.randn(micro_batch, 3, seq_len, seq_len, generator=g),
                     "y": torch.randint(0, self.classes, (micro_batch,), generator=g)}
-        if self.kind == "clip":
-            text = self.config.text_config
+        if self.kind == "clip":  # the text config's max_length: 20 (transformers' PretrainedConfig default then)
+            text, n = self.config.text_config, getattr(self.config.text_config, "max_length", 20)
             return {"pixel_values": torch.randn(micro_batch, 3, seq_len, seq_len, generator=g),
-                    "input_ids": torch.randint(0, text.vocab_size, (micro_batch, text.max_length), generator=g),
-                    "attention_mask": torch.ones(micro_batch, text.max_length, dtype=torch.long)}
+                    "input_ids": torch.randint(0, text.vocab_size, (micro_batch, n), generator=g),
+                    "attention_mask": torch.ones(micro_batch, n, dtype=torch.long)}
         vocab = self.config.vocab_size
         return {"input_ids": torch.randint(0, vocab, (micro_batch, seq_len), generator=g),
                 "labels": torch.randint(0, vocab, (micro_batch, seq_len), generator=g)}

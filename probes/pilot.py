@@ -227,8 +227,10 @@ class Pilot:
             self.losses.append(res.loss)
         work = census_fields(self.census)  # a measured run's: counted in a fake pass just before this phase
         if self.fake:  # nothing ran for real: no times, no losses
+            met = self.fake_mode.unverified_note(self.cfg.target not in ("", "cpu", None))
             return {**work, "loss_first": None, "loss_last": None,
-                    "detail": f"estimated: one update under fake tensors with {self.kernel_note()} (no time measured)"}
+                    "detail": f"estimated: one update under fake tensors with {self.kernel_note()} (no time measured)"
+                              + (f"; ops whose estimate may differ from the kernel: {met}" if met else "")}
         return {**work, "update_times_s": json.dumps(times), "update_s": _median(times),
                 "loss_first": self.losses[0], "loss_last": self.losses[-1]}
 
@@ -319,7 +321,7 @@ class Pilot:
         if self.fake:
             from probes.fake import EstimateFakeMode
 
-            fake_mode = EstimateFakeMode()
+            fake_mode = self.fake_mode = EstimateFakeMode()
         # The tracker is entered last, so it sees every op first and counts the (fake) storages made below it.
         # Estimates for a GPU target run that GPU's attention, dropout and autocast (probes/kernels.py).
         with target_kernels(self.cfg.target if self.fake else None) as kernels, fake_mode:

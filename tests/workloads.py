@@ -335,3 +335,61 @@ class HFFromConfig:
 
 def hf_from_config(kind: str = "gpt2", size: str = "tiny"):
     return HFFromConfig(kind, size)
+
+
+class LSTMModel(torch.nn.Module):
+    def __init__(self, vocab: int, width: int, layers: int):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.lstm = torch.nn.LSTM(width, width, num_layers=layers, batch_first=True)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, ids):
+        out, _ = self.lstm(self.embed(ids))
+        return self.head(out)
+
+
+class LSTMLanguageModel:
+    """A recurrent language model (nn.LSTM): the kernel CPU and cuDNN run keeps per-step gates and states that the
+    fake kernels of a composite LSTM do not show."""
+
+    def __init__(self, vocab: int = 512, width: int = 256, layers: int = 2):
+        self.vocab, self.width, self.layers = vocab, width, layers
+        self.name = f"lstm-{layers}x{width}"
+
+    def build_model(self):
+        return LSTMModel(self.vocab, self.width, self.layers)
+
+    def make_batch(self, split, index, micro_batch, seq_len):
+        import zlib
+
+        g = torch.Generator().manual_seed(zlib.crc32(f"{split}:{index}".encode()))
+        ids = torch.randint(0, self.vocab, (micro_batch, seq_len + 1), generator=g)
+        return {"input_ids": ids[:, :-1].clone(), "labels": ids[:, 1:].clone()}
+
+    def compute_loss(self, model, batch):
+        logits = model(batch["input_ids"])
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+
+
+def lstm_lm(vocab: int = 512, width: int = 256, layers: int = 2):
+    return LSTMLanguageModel(vocab, width, layers)
+
+
+def hidden_scratch(scratch_mib: int = 8, **kw):
+    """A gpt whose loss keeps a scratch buffer alive through backward only when its tensors are real: the way a
+    kernel without a matching fake (meta) kernel allocates more than an estimate sees."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    w = _Wrapped(**kw)
+    inner = w.compute_loss
+
+    def compute_loss(model, batch):
+        loss = inner(model, batch)
+        if is_fake(loss):
+            return loss
+        scratch = torch.zeros(scratch_mib * 2**20 // 4, requires_grad=True)
+        return loss + 0 * scratch.sum()  # kept for backward: `scratch` lives until the update ends
+
+    w.compute_loss = compute_loss
+    return w

@@ -17,6 +17,7 @@ from planner.inputs.campaign_spec import Campaign
 from planner.inputs.catalog import Catalog, Gpu, Offer
 from planner.errors import LedgerError, NoFeasibleGpu
 from planner.decisions.evidence import Evidence, choose, run_facts
+from planner.decisions.selfcheck import estimate_check
 from planner.models.kernels import kernel_target
 from planner.models.memory_model import MemoryModel, Need, allocated_factor, build_model, max_micro_batch, max_seq_len
 from planner.models.overheads import NCCL_BYTES, workspace_bytes
@@ -111,7 +112,15 @@ class CampaignFamily:
         if key not in self._cache:
             ev = choose(self.lines, self.facts, precision, self.micro_batch, self.seq, target, world_size)
             model = None if ev is None else build_model(ev.lines, self.fragmentation)
-            self._cache[key] = None if model is None else FamilyModels(precision, model, throughput(ev), ev)
+            note = ""
+            if model is not None and ev.rank in (1, 3, 4):  # sized from estimates: checked against measurements
+                check = estimate_check(self.lines, precision)
+                if check is not None:
+                    note = check.note
+                    if check.widens:
+                        model.widen, model.widen_note = check.ratio, check.note
+            self._cache[key] = None if model is None else FamilyModels(precision, model, throughput(ev), ev,
+                                                                       note=note)
         return self._cache[key]
 
     def get(self, precision: str, target: str | None = None) -> FamilyModels | None:
@@ -127,7 +136,8 @@ class CampaignFamily:
             if f is not None:
                 note = f"memory and FLOPs from {other} lines" if other == twin else \
                     f"no {precision} lines: used {other} lines"
-                return FamilyModels(precision, f.memory, f.throughput, f.evidence, note=note)
+                return FamilyModels(precision, f.memory, f.throughput, f.evidence,
+                                    note="; ".join(x for x in (note, f.note) if x))
         return None
 
     def sharded(self, precision: str, n: int) -> MemoryModel | None:

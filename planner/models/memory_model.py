@@ -127,6 +127,8 @@ class MemoryModel:
     fits: dict[str, PhaseFit]
     basis: str  # e.g. "reserved, measured on cuda (NVIDIA H200)"
     measured_exact: dict[tuple, dict[str, float]]  # (mb, seq, eval_mb, eval_seq) -> phase -> bytes
+    widen: float = 1.0  # an estimate found short of a measurement of its own (planner/decisions/selfcheck.py)
+    widen_note: str = ""
 
     def need(self, micro_batch: int, seq_len: int, eval_micro_batch: int, eval_seq_len: int) -> Need:
         key = (micro_batch, seq_len, eval_micro_batch, eval_seq_len)
@@ -139,12 +141,15 @@ class MemoryModel:
                 continue
             per_phase[phase] = max(0.0, fit.predict(mb, s))
             extrapolated |= not fit.in_range(mb, s)
+        if self.widen != 1.0:
+            per_phase = {ph: b * self.widen for ph, b in per_phase.items()}
         phase = max(per_phase, key=per_phase.get)
         fit = self.fits[phase]
         how = "measured at this configuration" if exact else (
             f"{'extrapolated' if extrapolated else 'interpolated'} by a {fit.kind} fit on {len(fit.points)} points "
             f"(max error on them {fit.max_rel_error:.2%})")
-        return Need(per_phase[phase], phase, f"{self.basis}; {how}", extrapolated and not exact, per_phase)
+        widened = f"; {self.widen_note}" if self.widen_note else ""
+        return Need(per_phase[phase], phase, f"{self.basis}; {how}{widened}", extrapolated and not exact, per_phase)
 
 
 def _column(df: pd.DataFrame, name: str) -> pd.Series:
