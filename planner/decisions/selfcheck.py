@@ -17,7 +17,7 @@ from planner.units import fmt_bytes
 
 TOLERANCE = 0.03
 PAIR = ["workload", "params_json", "precision", "optimizer", "checkpointing", "micro_batch", "seq_len",
-        "eval_micro_batch", "eval_seq_len", "grad_accum", "device"]
+        "eval_micro_batch", "eval_seq_len", "grad_accum", "strategy", "world_size", "rank", "device"]
 
 
 @dataclass(frozen=True)
