@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-slow test-all browser sky bench gpu-check clean
+.PHONY: install demo test test-slow test-all browser sky bench bench-truth gpu-check clean
 
 $(BIN)/rentplan: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -47,8 +47,21 @@ browser:
 bench: install
 	$(BIN)/python benchmarks/probe_overhead.py
 
+# The sizing benchmark against the public H100 runs (../shared/gpu-truth/h100.csv), in an environment of its own:
+# timm needs torchvision, and the package index has no CPU torchvision for the pinned torch 2.13.0+cpu; torch 2.14.1
+# and torchvision 0.29.1 lie on this machine's disk (they run on the CPU here). Not part of CI.
+BENCH ?= .venv-bench
+bench-truth: $(BENCH)/installed
+	$(BENCH)/bin/python benchmarks/gpu_truth.py
+$(BENCH)/installed: pyproject.toml
+	$(PYTHON) -m venv $(BENCH)
+	$(BENCH)/bin/pip install -q --upgrade pip
+	$(BENCH)/bin/pip install -q torch==2.14.1 torchvision==0.29.1 timm
+	$(BENCH)/bin/pip install -q -e ".[probe,hf]"
+	touch $@
+
 gpu-check: install
 	bash benchmarks/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) .venv-sky rentplan-out rentplan.db rentplan.db-* *.egg-info build
+	rm -rf $(VENV) .venv-sky $(BENCH) rentplan-out rentplan.db rentplan.db-* *.egg-info build

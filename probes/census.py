@@ -23,8 +23,11 @@ from torch.utils.flop_counter import flop_registry
 
 aten = torch.ops.aten
 _DEVICE = torch.ops.prim.device.default
-MATMUL = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution, aten._convolution,
-          aten.convolution_backward, aten.cudnn_convolution, aten._slow_conv2d_forward}
+MATMUL = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
+# Convolutions apart: cuDNN runs fp32 convolutions on TF32 tensor cores by default (torch.backends.cudnn.allow_tf32
+# is True; matmuls' torch.backends.cuda.matmul.allow_tf32 is False), so their fp32 peak differs.
+CONV = {aten.convolution, aten._convolution, aten.convolution_backward, aten.cudnn_convolution,
+        aten._slow_conv2d_forward}
 ATTENTION = {aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,
              aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_efficient_attention_backward,
              aten._flash_attention_forward, aten._flash_attention_backward, aten._efficient_attention_forward,
@@ -47,6 +50,8 @@ def kind_of(func) -> str | None:
     packet = func.overloadpacket
     if packet in MATMUL:
         return "matmul"
+    if packet in CONV:
+        return "conv"
     if packet in ATTENTION:
         return "attention"
     if packet in NO_KERNEL or getattr(func, "is_view", False):
@@ -92,6 +97,12 @@ class OpCensus(TorchDispatchMode):
                 "flops": sum(r[2] * r[4] for r in rows), "bytes": sum(r[3] * r[4] for r in rows)}
 
 
+def precision_flags() -> dict:
+    """What decides the fp32 peak on a GPU: matmuls' precision ("highest": no TF32) and cuDNN's TF32 switch."""
+    return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+
+
 def census(workload, cfg, kernels=contextlib.nullcontext) -> dict:
     """A steady update (every micro-batch of the window and the optimizer step; the second update of a fresh
     model, so that the optimizer's state already exists) under fake tensors.
@@ -108,7 +119,7 @@ def census(workload, cfg, kernels=contextlib.nullcontext) -> dict:
         with counter:
             trainer.train_update()
         out = counter.profile()
-    out["float32_matmul_precision"] = torch.get_float32_matmul_precision()  # "highest": no TF32
+    out.update(precision_flags())
     return out
 
 

@@ -35,7 +35,7 @@ import torch
 
 from planner.ledger import Ledger, new_id
 from planner.records import Line, ProbeConfig, Verdict
-from probes.census import OpCensus, census_fields
+from probes.census import OpCensus, census_fields, precision_flags
 from probes.checkpoint import dir_size
 from probes.memory import LiveTensorTracker, PhaseMeter
 from probes.pilot import cuda_allocator_model, environment, is_oom, last_line
@@ -174,7 +174,7 @@ class PhaseRecorder:
         if self._census is not None:
             self._census.__exit__(None, None, None)
             self._census_profile = {self._census_key(): {
-                **self._census.profile(), "float32_matmul_precision": torch.get_float32_matmul_precision()}}
+                **self._census.profile(), **precision_flags()}}
             self._census = None
         if value is not None and not math.isfinite(value):  # judged on every update, the census one included
             phase = "first_step" if self.updates == 1 else "steady"

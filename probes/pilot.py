@@ -23,7 +23,7 @@ import torch
 
 from planner.records import Line, ProbeConfig, Verdict
 from planner.models.kernels import TARGETS, kernel_target
-from probes.census import OpCensus, census, census_fields
+from probes.census import OpCensus, census, census_fields, precision_flags
 from probes.kernels import target_kernels
 from probes import checkpoint
 from probes.loop import NonFinite, Trainer
@@ -219,7 +219,7 @@ class Pilot:
                 with counter:
                     res = self.trainer.train_update()
                 self.census = {self.cfg.target or "cpu": {
-                    **counter.profile(), "float32_matmul_precision": torch.get_float32_matmul_precision()}}
+                    **counter.profile(), **precision_flags()}}
             else:
                 res = self.trainer.train_update()
             self.meter.synchronize()  # GPU work is asynchronous: stop the clock only when it is done

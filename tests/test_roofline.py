@@ -108,3 +108,28 @@ def test_estimated_lines_carry_simulated_reserved_and_the_need_says_so(estimated
     assert "sm80+ kernels" in row["need_basis"]
     assert "estimated for the target's kernels" in row["evidence"]
     assert "BLAS workspaces 34 MiB" in row["context_basis"]  # sm90: cuBLAS 32 MiB + cuBLASLt 1 MiB in 2 MiB
+
+
+def test_fp32_convolutions_run_on_tf32_as_cudnn_does_by_default():
+    """cuDNN runs fp32 convolutions on TF32 tensor cores unless torch.backends.cudnn.allow_tf32 is turned off
+    (matmuls do not: torch.backends.cuda.matmul.allow_tf32 is False)."""
+    from planner.inputs.catalog import load_catalog
+    from planner.models.roofline import FAST, update_seconds
+
+    h100 = load_catalog().gpu("h100_sxm")
+    rows = [("conv", "float32", 1e15, 0, 1)]
+    conv = update_seconds(rows, 0, h100, tf32=False, fr=FAST, conv_tf32=True)
+    assert conv == pytest.approx(1e15 / (h100.tf32_dense_tflops * 1e12 * FAST.matmul))
+    off = update_seconds(rows, 0, h100, tf32=False, fr=FAST, conv_tf32=False)
+    matmul = update_seconds([("matmul", "float32", 1e15, 0, 1)], 0, h100, tf32=False, fr=FAST)
+    assert off == matmul == pytest.approx(1e15 / (h100.fp32_tflops * 1e12 * FAST.matmul))
+
+
+def test_a_census_with_convolutions_is_found_for_its_target():
+    import json
+
+    from planner.models.overheads import has_convolutions
+
+    prof = json.dumps({"sm80+": {"ops": [["conv", "float32", 10, 10, 1]], "launches": 1}})
+    assert has_convolutions(prof, "sm80+") and not has_convolutions(prof, "sm50-75")
+    assert not has_convolutions(json.dumps({"sm80+": {"ops": [["matmul", "float32", 1, 1, 1]]}}), "sm80+")

@@ -20,7 +20,7 @@ from planner.decisions.evidence import Evidence, choose, run_facts
 from planner.decisions.selfcheck import estimate_check
 from planner.models.kernels import kernel_target
 from planner.models.memory_model import MemoryModel, Need, allocated_factor, build_model, max_micro_batch, max_seq_len
-from planner.models.overheads import NCCL_BYTES, workspace_bytes
+from planner.models.overheads import CONV_ALLOWANCE, NCCL_BYTES, conv_note, has_convolutions, workspace_bytes
 from planner.models.overheads import describe as describe_workspace
 from planner.models.timing import Throughput, TimeRange, throughput, update_time
 from planner.units import fmt_bytes, fmt_seconds
@@ -112,13 +112,18 @@ class CampaignFamily:
         if key not in self._cache:
             ev = choose(self.lines, self.facts, precision, self.micro_batch, self.seq, target, world_size)
             model = None if ev is None else build_model(ev.lines, self.fragmentation)
-            note = ""
+            notes = []
             if model is not None and ev.rank in (1, 3, 4):  # sized from estimates: checked against measurements
                 check = estimate_check(self.lines, precision)
                 if check is not None:
-                    note = check.note
+                    notes.append(check.note)
                     if check.widens:
                         model.widen, model.widen_note = check.ratio, check.note
+                steady = ev.facts["op_profile_json"] if "op_profile_json" in ev.facts else pd.Series([], dtype=object)
+                if target not in (None, "", "cpu") and any(has_convolutions(p, target) for p in steady):
+                    model.widen *= 1 + CONV_ALLOWANCE
+                    model.widen_note = "; ".join(x for x in (model.widen_note, conv_note()) if x)
+            note = "; ".join(notes)
             self._cache[key] = None if model is None else FamilyModels(precision, model, throughput(ev), ev,
                                                                        note=note)
         return self._cache[key]

@@ -7,10 +7,13 @@ the point estimate and the slow end; plans use the slow end.
 
 Peaks: bf16/fp16 from the catalog's dense tensor-core figures; fp32 matmuls run on the non-tensor fp32 peak
 unless the workload enabled TF32 (torch.backends.cuda.matmul.allow_tf32 is False by default since 1.12;
-the census records torch.get_float32_matmul_precision(), "highest" = no TF32).
+the census records torch.get_float32_matmul_precision(), "highest" = no TF32); fp32 convolutions run on the
+TF32 tensor-core peak, as cuDNN does by default (torch.backends.cudnn.allow_tf32 is True; PyTorch's
+docs/source/notes/cuda.rst, "TensorFloat-32 (TF32) on Ampere (and later) devices"; the census records it).
 
 Fractions and their sources:
-- matmul: stas00's maximum achievable matmul FLOPS (MAMF), 80–87 % of peak on NVIDIA parts (A100 SXM 86.9 %,
+- matmul (and convolution, which cuDNN runs as implicit GEMMs: no published per-shape figure, the matmul
+  fractions are used for it): stas00's maximum achievable matmul FLOPS (MAMF), 80–87 % of peak on NVIDIA parts (A100 SXM 86.9 %,
   H100 SXM 80.3 %, stas00/ml-engineering compute/accelerator/README.md); per GPU from the catalog's
   `mamf_bf16_tflops` where it has one. The slow end, 50 %, is for the smaller shapes a step also runs
   (MAMF is the best shape found by a search; no published per-shape figure is used here).
@@ -78,18 +81,18 @@ def scale_rows(profile: dict, token_ratio: float, seq_ratio: float, accum_ratio:
     return rows
 
 
-def update_seconds(rows, extra_launches: float, gpu: Gpu, tf32: bool, fr: Fractions) -> float:
+def update_seconds(rows, extra_launches: float, gpu: Gpu, tf32: bool, fr: Fractions, conv_tf32: bool = True) -> float:
     bandwidth = gpu.mem_bandwidth_tbps * 1e12 * fr.memory
     attention = fr.attention_sm90 if (gpu.sm() or 0) >= 9 else fr.attention_sm80
     mm = matmul_fraction(gpu, fr)
     total = 0.0
     for kind, dtype, flops, nbytes, count in rows:
         t = max(nbytes / bandwidth, fr.launch_s)
-        if flops and kind in ("matmul", "attention"):
-            peak = peak_tflops(gpu, dtype, tf32)
+        if flops and kind in ("matmul", "attention", "conv"):
+            peak = peak_tflops(gpu, dtype, conv_tf32 if kind == "conv" else tf32)
             if not peak:
                 return float("nan")  # the catalog lacks this GPU's peak for the dtype: no time, said so
-            t = max(t, flops / (peak * 1e12 * (mm if kind == "matmul" else attention)))
+            t = max(t, flops / (peak * 1e12 * (attention if kind == "attention" else mm)))
         total += count * t
     return total + extra_launches * fr.launch_s
 
@@ -108,6 +111,10 @@ class Census:
     def tf32(self) -> bool:
         return self.profile.get("float32_matmul_precision", "highest") != "highest"
 
+    @property
+    def conv_tf32(self) -> bool:
+        return bool(self.profile.get("cudnn_allow_tf32", True))  # PyTorch's default
+
     def rows_for(self, micro_batch: int, seq_len: int, grad_accum: int) -> tuple[list, float]:
         tokens = (micro_batch * seq_len) / (self.micro_batch * self.seq_len)
         accum = grad_accum / self.grad_accum
@@ -118,7 +125,16 @@ class Census:
 
     def seconds(self, gpu: Gpu, micro_batch: int, seq_len: int, grad_accum: int, fr: Fractions) -> float:
         rows, extra = self.rows_for(micro_batch, seq_len, grad_accum)
-        return update_seconds(rows, extra, gpu, self.tf32, fr)
+        return update_seconds(rows, extra, gpu, self.tf32, fr, self.conv_tf32)
+
+    def _conv_note(self, gpu: Gpu, dtype: str) -> str:
+        if not any(r[0] == "conv" for r in self.profile["ops"]):
+            return ""
+        if dtype in ("bf16", "fp16"):
+            return ", convolutions likewise"
+        peak = peak_tflops(gpu, "float32", self.conv_tf32)
+        unit = "TF32 tensor-core" if self.conv_tf32 and gpu.tf32_dense_tflops else "fp32"
+        return f", convolutions at the same fractions of the {unit} peak {peak:g} TFLOPS (cudnn.allow_tf32)"
 
     def describe(self, gpu: Gpu, dtype: str) -> str:
         n = sum(r[4] for r in self.profile["ops"])
@@ -126,7 +142,8 @@ class Census:
         unit = "tensor-core" if dtype in ("bf16", "fp16") or self.tf32 else "non-tensor fp32 (TF32 off)"
         return (f"per-op roofline over {n} ops of one update ({self.target} kernels): matmuls at "
                 f"{SLOW.matmul:.0%}–{FAST.matmul:.0%} of {gpu.id}'s {unit} peak "
-                f"{'(not in the catalog)' if peak is None else f'{peak:g} TFLOPS'} (MAMF), attention "
+                f"{'(not in the catalog)' if peak is None else f'{peak:g} TFLOPS'} (MAMF)"
+                f"{self._conv_note(gpu, dtype)}, attention "
                 f"{SLOW.attention_sm80:.0%}–{FAST.attention_sm80:.0%} (sm80) / {SLOW.attention_sm90:.0%}–"
                 f"{FAST.attention_sm90:.0%} (sm90+) (FlashAttention-2/3 papers), memory-bound ops at "
                 f"{SLOW.memory:.0%}–{FAST.memory:.0%} of {gpu.mem_bandwidth_tbps:g} TB/s and 5–10 µs a launch "
