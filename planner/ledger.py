@@ -71,7 +71,7 @@ class Ledger:
         try:
             version = self._check_existing()
             if self.read_only:
-                self.db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+                self.db = sqlite3.connect(self._read_only_uri(), uri=True, timeout=30)
                 return
             if version is not None and version < SCHEMA_VERSION:
                 self.backup = _backup(self.path, version)
@@ -84,11 +84,21 @@ class Ledger:
         except OSError as e:
             raise LedgerError(f"cannot open the ledger {self.path}: {e.strerror or e}.") from None
 
+    def _read_only_uri(self) -> str:
+        """Read-only, and leaving nothing behind: SQLite opens a WAL ledger by creating LEDGER-shm beside it,
+        which a read-only handle can neither make in a read-only folder nor remove on close. With no -wal file
+        no writer holds the ledger, so it is read as immutable (no -shm, no locks); while a writer is at work
+        (its -wal exists) it is read through the writer's -shm."""
+        uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        if not Path(f"{self.path}-wal").exists():
+            uri += "&immutable=1"
+        return uri
+
     def _check_existing(self) -> int | None:
         """The schema version of an existing ledger (None for a new or empty file); refuse anything else."""
         if not self.path.exists() or self.path.stat().st_size == 0:
             return None
-        con = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+        con = sqlite3.connect(self._read_only_uri(), uri=True, timeout=30)
         try:
             names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if not names and self.read_only:

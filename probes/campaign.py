@@ -363,6 +363,9 @@ def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] |
     from probes.runner import clean_stale_temporaries
 
     rank, world = world_of()
+    if rank == 0:  # a ledger that cannot be written (a foreign SQLite file, a newer rentplan's) is refused before
+        with Ledger(ledger_path):  # any run folder is made
+            pass
     for run_dir in (p for p in Path(out).glob("c-*") if rank == 0 and p.is_dir() and not p.is_symlink()):
         for name in clean_stale_temporaries(run_dir):
             say(f"removed {run_dir.name}/{name}: a half-written export of a run that was killed")

@@ -19,19 +19,7 @@ from planner.errors import CatalogError, InputError
 from planner.units import GiB
 from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, Problems, load_yaml_file
 
-GPU_KEYS = {"id", "name", "vendor", "arch", "compute_capability", "memory_gb_marketed", "memory_gib_usable",
-            "mem_bandwidth_tbps", "bf16_dense_tflops", "fp16_dense_tflops", "tf32_dense_tflops", "fp32_tflops",
-            "fp8_dense_tflops", "bf16_supported", "fp8_supported", "interconnect", "nvlink_gbps", "tdp_w",
-            "mamf_bf16_tflops", "min_cuda", "software", "notes", "sources", "unverified"}
-GPU_REQUIRED = ["id", "name", "vendor", "memory_gb_marketed", "memory_gib_usable", "mem_bandwidth_tbps",
-                "bf16_supported", "fp8_supported"]
-OFFER_KEYS = {"id", "gpu", "provider", "instance", "gpus_per_instance", "price_per_instance_hour_usd", "spot",
-              "billing_minimum_hours", "as_of", "source", "note", "unverified", "network", "nodes", "network_gbps",
-              "disk_write_mib_s"}
-OFFER_REQUIRED = ["id", "gpu", "provider", "gpus_per_instance", "price_per_instance_hour_usd", "spot", "as_of",
-                  "source"]
 TOP_KEYS = {"schema", "defaults", "sources", "gpus", "offers"}
-DEFAULT_KEYS = {"cuda_context_gib", "fragmentation_factor", "disk_write_mib_s"}
 # Checkpoints and exports are written at this rate where an offer states none and no GPU line of that kind timed
 # them: an assumption (a cloud block volume's sustained write, the low end of what providers list), said as one.
 DISK_WRITE_MIB_S = 200.0
@@ -157,149 +145,78 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
 
 
 def parse_catalog(data, source: str) -> Catalog:
+    """Validated by planner/inputs/schema.py (pydantic), each entry on its own so every problem is named with its
+    key path; then the rules across entries: unique ids, offers of known GPUs, multi-node offers' network."""
+    from planner.inputs.schema import Defaults, GpuEntry, OfferEntry, validate
+
     p = Problems(source)
     if not isinstance(data, dict):
         p.add("", "the catalog must be a mapping with gpus: and offers:")
         p.raise_if_any(CatalogError)
     p.unknown_keys("", data, TOP_KEYS)
-    defaults = p.mapping("defaults", data.get("defaults") or {}, DEFAULT_KEYS) or {}
-    ctx = p.number("defaults.cuda_context_gib", defaults.get("cuda_context_gib", 0.5), positive=True, allow_zero=True)
-    frag = p.number("defaults.fragmentation_factor", defaults.get("fragmentation_factor", 1.15), positive=True)
-    disk = p.number("defaults.disk_write_mib_s", defaults.get("disk_write_mib_s", DISK_WRITE_MIB_S), positive=True,
-                    minimum=1, maximum=1e6)
-    if frag is not None and frag < 1:
-        p.add("defaults.fragmentation_factor", f"must be >= 1 (reserved is never below allocated), got {frag}")
+    defaults = validate(Defaults, data.get("defaults") or {}, p, "defaults")
+    sources = data.get("sources") or {}
+    if not isinstance(sources, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sources.items()):
+        p.add("sources", "must be a mapping of source tags to the text that names them")
+        sources = {}
     gpus: dict[str, Gpu] = {}
     raw_gpus = data.get("gpus")
     if not isinstance(raw_gpus, list) or not raw_gpus:
         p.add("gpus", "must be a non-empty list")
         raw_gpus = []
     for i, g in enumerate(raw_gpus):
-        gpu = _parse_gpu(p, f"gpus[{i}]", g)
-        if gpu is not None:
-            if gpu.id in gpus:
-                p.add(f"gpus[{i}].id", f"duplicate GPU id {gpu.id!r}")
-            gpus[gpu.id] = gpu
+        entry = validate(GpuEntry, g, p, f"gpus[{i}]")
+        if entry is None:
+            continue
+        if entry.bf16_supported and entry.bf16_dense_tflops is None:
+            p.add(f"gpus[{i}].bf16_dense_tflops", "missing although bf16_supported is true")
+            continue
+        if entry.id in gpus:
+            p.add(f"gpus[{i}].id", f"duplicate GPU id {entry.id!r}")
+        gpus[entry.id] = _gpu(entry)
     offers: list[Offer] = []
     raw_offers = data.get("offers")
-    if raw_offers is None:
-        raw_offers = []
     if not isinstance(raw_offers, list) or not raw_offers:
         p.add("offers", "must be a non-empty list: a catalog without offers has nothing to rent")
         raw_offers = raw_offers if isinstance(raw_offers, list) else []
     seen: set[str] = set()
-    known_gpu_ids = {g.get("id") for g in raw_gpus if isinstance(g, dict)}
+    known_gpu_ids = {g.get("id") for g in raw_gpus if isinstance(g, dict) and isinstance(g.get("id"), str)}
     for i, o in enumerate(raw_offers):
-        offer = _parse_offer(p, f"offers[{i}]", o, known_gpu_ids)
-        if offer is not None:
-            if offer.id in seen:
-                p.add(f"offers[{i}].id", f"duplicate offer id {offer.id!r}")
-            seen.add(offer.id)
-            offers.append(offer)
+        entry = validate(OfferEntry, o, p, f"offers[{i}]")
+        if entry is None or not _offer_rules(p, f"offers[{i}]", entry, known_gpu_ids):
+            continue
+        if entry.id in seen:
+            p.add(f"offers[{i}].id", f"duplicate offer id {entry.id!r}")
+        seen.add(entry.id)
+        offers.append(Offer(**entry.model_dump()))
     p.raise_if_any(CatalogError)
-    return Catalog(gpus, offers, context_bytes=int(ctx * GiB), fragmentation_factor=float(frag), source=source,
-                   sources=dict(data.get("sources") or {}), disk_write_mib_s=float(disk))
+    return Catalog(gpus, offers, context_bytes=int(defaults.cuda_context_gib * GiB),
+                   fragmentation_factor=float(defaults.fragmentation_factor), source=source, sources=dict(sources),
+                   disk_write_mib_s=float(defaults.disk_write_mib_s))
 
 
-# (minimum, maximum) of each GPU figure: a value outside is a typo or an attack, and would break the planner.
-GPU_BOUNDS = {"memory_gb_marketed": (0.25, 4096), "memory_gib_usable": (0.25, 4096), "mem_bandwidth_tbps": (0.01, 100),
-              "bf16_dense_tflops": (0.1, 1e5), "fp16_dense_tflops": (0.1, 1e5), "tf32_dense_tflops": (0.1, 1e5),
-              "fp32_tflops": (0.1, 1e5), "fp8_dense_tflops": (0.1, 1e5), "nvlink_gbps": (1, 1e5),
-              "mamf_bf16_tflops": (0.1, 1e5), "tdp_w": (1, 1e5)}
+def _gpu(e) -> Gpu:
+    fields = e.model_dump()
+    usable = fields.pop("memory_gib_usable")
+    for key in ("tdp_w", "notes"):
+        fields.pop(key)
+    return Gpu(**fields, usable_bytes=int(float(usable) * GiB))
 
 
-def _parse_gpu(p: Problems, path: str, g) -> Gpu | None:
+def _offer_rules(p: Problems, path: str, e, gpu_ids: set) -> bool:
     n0 = len(p.items)
-    if p.mapping(path, g, GPU_KEYS) is None:
-        return None
-    p.require(path, g, GPU_REQUIRED)
-    for key, (lo, hi) in GPU_BOUNDS.items():
-        if g.get(key) is not None:
-            p.number(f"{path}.{key}", g[key], positive=True, minimum=lo, maximum=hi)
-    for key in ("bf16_supported", "fp8_supported"):
-        if g.get(key) is not None:
-            p.boolean(f"{path}.{key}", g[key])
-    if g.get("id") is not None:
-        p.ident(f"{path}.id", g["id"])
-    if g.get("name") is not None:
-        p.label(f"{path}.name", g["name"])
-    if g.get("bf16_supported") is True and g.get("bf16_dense_tflops") is None:
-        p.add(f"{path}.bf16_dense_tflops", "missing although bf16_supported is true")
-    if len(p.items) > n0:
-        return None
-    return Gpu(
-        id=g["id"], name=g["name"], vendor=g["vendor"], memory_gb_marketed=float(g["memory_gb_marketed"]),
-        usable_bytes=int(float(g["memory_gib_usable"]) * GiB), mem_bandwidth_tbps=float(g["mem_bandwidth_tbps"]),
-        bf16_supported=g["bf16_supported"], fp8_supported=g["fp8_supported"],
-        compute_capability=_opt_str(g.get("compute_capability")), arch=g.get("arch"),
-        bf16_dense_tflops=_num(g.get("bf16_dense_tflops")), fp16_dense_tflops=_num(g.get("fp16_dense_tflops")),
-        tf32_dense_tflops=_num(g.get("tf32_dense_tflops")), fp32_tflops=_num(g.get("fp32_tflops")),
-        fp8_dense_tflops=_num(g.get("fp8_dense_tflops")), interconnect=g.get("interconnect"),
-        nvlink_gbps=_num(g.get("nvlink_gbps")), mamf_bf16_tflops=_num(g.get("mamf_bf16_tflops")),
-        min_cuda=_opt_str(g.get("min_cuda")), software=g.get("software") or "cuda",
-        sources=tuple(g.get("sources") or ()), unverified=tuple(str(u) for u in g.get("unverified") or ()))
-
-
-def _parse_offer(p: Problems, path: str, o, gpu_ids: set) -> Offer | None:
-    n0 = len(p.items)
-    if p.mapping(path, o, OFFER_KEYS) is None:
-        return None
-    p.require(path, o, OFFER_REQUIRED)
-    if o.get("price_per_instance_hour_usd") is not None:
-        p.number(f"{path}.price_per_instance_hour_usd", o["price_per_instance_hour_usd"], positive=True,
-                 maximum=10_000)
-    if o.get("gpus_per_instance") is not None:
-        p.number(f"{path}.gpus_per_instance", o["gpus_per_instance"], positive=True, integer=True, maximum=64)
-    if o.get("billing_minimum_hours") is not None:
-        p.number(f"{path}.billing_minimum_hours", o["billing_minimum_hours"], positive=True, allow_zero=True,
-                 maximum=8760)
-    if o.get("spot") is not None:
-        p.boolean(f"{path}.spot", o["spot"])
-    nodes = 1
-    if o.get("nodes") is not None:
-        nodes = p.number(f"{path}.nodes", o["nodes"], positive=True, integer=True, maximum=4096) or 1
-    if o.get("network_gbps") is not None:
-        p.number(f"{path}.network_gbps", o["network_gbps"], positive=True, maximum=100_000)
-    if o.get("disk_write_mib_s") is not None:
-        p.number(f"{path}.disk_write_mib_s", o["disk_write_mib_s"], positive=True, minimum=1, maximum=1e6)
-    for key in ("id", "provider"):  # both reach sky.yaml and shell lines: ids, look-alikes refused by name
-        if o.get(key) is not None:
-            p.ident(f"{path}.{key}", o[key])
-    for key in ("as_of", "source", "instance"):
-        if o.get(key) is not None:
-            p.label(f"{path}.{key}", str(o[key]) if isinstance(o[key], (int, float)) else o[key])
-    note = o.get("note")
-    if isinstance(note, str) and note.startswith("region "):  # the region reaches sky.yaml's resources
-        p.ident(f"{path}.note", note[len("region "):])
-    if nodes > 1:  # cross-node time needs the network's speed
+    if e.nodes > 1:  # cross-node time needs the network's speed
         for key in ("network", "network_gbps"):
-            if o.get(key) is None:
-                p.add(f"{path}.{key}", f"required when nodes > 1 ({int(nodes)} nodes): "
+            if getattr(e, key) is None:
+                p.add(f"{path}.{key}", f"required when nodes > 1 ({e.nodes} nodes): "
                                        + ("the interconnect's name" if key == "network" else
                                           "the node's network bandwidth in Gbit/s"))
-    gpu = o.get("gpu")
-    if gpu is not None and gpu not in gpu_ids:
-        hint = difflib.get_close_matches(str(gpu), [str(x) for x in gpu_ids], n=1)
-        p.add(f"{path}.gpu", f"unknown GPU id {gpu!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
-    if len(p.items) > n0:
-        return None
-    return Offer(id=str(o["id"]), gpu=gpu, provider=str(o["provider"]), gpus_per_instance=int(o["gpus_per_instance"]),
-                 price_per_instance_hour_usd=float(o["price_per_instance_hour_usd"]), spot=o["spot"],
-                 as_of=str(o["as_of"]), source=str(o["source"]),
-                 billing_minimum_hours=float(o.get("billing_minimum_hours") or 0.0), instance=o.get("instance"),
-                 note=o.get("note"), nodes=int(nodes), network=o.get("network"),
-                 network_gbps=None if o.get("network_gbps") is None else float(o["network_gbps"]),
-                 unverified=tuple(str(u) for u in o.get("unverified") or ()),
-                 disk_write_mib_s=None if o.get("disk_write_mib_s") is None else float(o["disk_write_mib_s"]))
-
-
-def _num(x) -> float | None:
-    """A validated number (YAML may hand over '121' or 1e3 as text)."""
-    return None if x is None else float(x)
-
-
-def _opt_str(x) -> str | None:
-    return None if x is None else str(x)
+    if e.gpu not in gpu_ids:
+        hint = difflib.get_close_matches(e.gpu, [str(x) for x in gpu_ids], n=1)
+        p.add(f"{path}.gpu", f"unknown GPU id {e.gpu!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    if e.note and e.note.startswith("region "):  # the region reaches sky.yaml's resources
+        p.ident(f"{path}.note", e.note[len("region "):])
+    return len(p.items) == n0
 
 
 # --- SkyPilot catalog import (vms.csv, parsed by header: column order differs between clouds) ---

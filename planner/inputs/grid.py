@@ -33,15 +33,20 @@ def parse_list(text: str | int | list | None, cast: Callable[[str], Any], what: 
             continue
         try:
             out.append(cast(item))
-        except (ValueError, KeyError):
-            raise InputError(f"{what}: {item!r} is not valid.") from None
+        except (ValueError, KeyError) as e:
+            why = f" ({e.args[0]})" if isinstance(e, ValueError) and e.args and isinstance(e.args[0], str) \
+                and e.args[0].startswith("must") else ""
+            raise InputError(f"{what}: {item[:40]!r} is not valid{why}.") from None
     return out
+
+
+MAX_COUNT = 1 << 20  # micro-batches, sequence lengths, windows: far above any real one (a typo or an attack)
 
 
 def positive_int(text: str) -> int:
     v = int(text)
-    if v <= 0:
-        raise ValueError
+    if not 1 <= v <= MAX_COUNT:
+        raise ValueError(f"must be a whole number from 1 to {MAX_COUNT:,}")
     return v
 
 
@@ -181,12 +186,18 @@ def checked_count(name: str, value, lo: int = 1, hi: int = 1 << 20) -> int | Non
     return int(v)
 
 
+MIN_CAP = 1 << 20
+
+
 def resolve_cap(cap: str | None, catalog_path: str | None) -> tuple[str, int | None]:
     """--cap GPU_ID (catalog usable memory less the CUDA context) or --cap SIZE (e.g. 300MiB)."""
     if not cap:
         return "", None
     size = parse_size(cap)
     if size is not None:
+        if size < MIN_CAP:
+            raise InputError(f"--cap {cap}: a cap below {MIN_CAP >> 20} MiB holds no model; give a GPU id from "
+                             "`rentplan catalog list` or a size such as 24GiB.")
         return cap, size
     from planner.inputs.catalog import load_catalog
 

@@ -63,6 +63,9 @@ def load_yaml_text(text: str, source: str, max_bytes: int = MAX_YAML_BYTES) -> A
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506  the loader is a SafeLoader subclass
     except yaml.YAMLError as e:
         raise InputError(f"{source} is not valid YAML: {_yaml_message(e)}") from None
+    except ValueError as e:  # Python refuses to read an integer of more than 4,300 digits
+        raise InputError(f"{source} holds a number too long to read ({str(e).split(':')[0]}); no value here "
+                         "needs more than a few digits.") from None
 
 
 def load_yaml_file(path: str | Path, what: str, max_bytes: int = MAX_YAML_BYTES) -> Any:
@@ -92,6 +95,15 @@ def _yaml_message(e: yaml.YAMLError) -> str:
 
 class Problems:
     """Collects every validation problem with its key path; raise once at the end."""
+
+    @staticmethod
+    def show(value: Any) -> str:
+        """A value as a message shows it: repr, cut at 60 characters; an integer too long to print or to be a
+        float is named by its digits (repr raises past 4,300 of them)."""
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**18:
+            return f"an integer of {len(str(abs(value))) if value.bit_length() < 14000 else 'over 4,000'} digits"
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
 
     def __init__(self, source: str):
         self.source = source
@@ -124,23 +136,27 @@ class Problems:
                integer: bool = False, maximum: float | None = None, minimum: float | None = None) -> float | None:
         if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
             value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string; it plainly means a number
+        show = self.show(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.add(path, f"must be a number, got {value!r} ({type(value).__name__})")
+            self.add(path, f"must be a number, got {show} ({type(value).__name__})")
+            return None
+        if isinstance(value, int) and abs(value) > 10**18:  # past any bound here, and past float's range soon
+            self.add(path, f"must be at most {maximum if maximum is not None else 1e18:,g}, got {show}")
             return None
         if isinstance(value, float) and not math.isfinite(value):
-            self.add(path, f"must be finite, got {value!r}")
+            self.add(path, f"must be finite, got {show}")
             return None
         if integer and not float(value).is_integer():
-            self.add(path, f"must be a whole number, got {value!r}")
+            self.add(path, f"must be a whole number, got {show}")
             return None
         if positive and (value < 0 or (value == 0 and not allow_zero)):
-            self.add(path, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+            self.add(path, f"must be {'>= 0' if allow_zero else '> 0'}, got {show}")
             return None
         if maximum is not None and value > maximum:
-            self.add(path, f"must be at most {maximum:,g}, got {value!r}")
+            self.add(path, f"must be at most {maximum:,g}, got {show}")
             return None
         if minimum is not None and value < minimum:
-            self.add(path, f"must be at least {minimum:g}, got {value!r}")
+            self.add(path, f"must be at least {minimum:g}, got {show}")
             return None
         return value
 
@@ -149,7 +165,7 @@ class Problems:
             self.add(path, f"must be a string, got {value!r}: YAML reads yes/no/on/off as true/false; quote it")
             return None
         if not isinstance(value, str) or not value.strip():
-            self.add(path, f"must be a non-empty string, got {value!r} ({type(value).__name__})")
+            self.add(path, f"must be a non-empty string, got {self.show(value)} ({type(value).__name__})")
             return None
         return value
 
@@ -161,7 +177,7 @@ class Problems:
             return None
         why = label_problem(value)
         if why:
-            self.add(path, f"{value!r} {why}")
+            self.add(path, f"{self.show(value)} {why}")
             return None
         return value
 
@@ -175,13 +191,13 @@ class Problems:
             return None
         why = id_problem(value, extra)
         if why:
-            self.add(path, f"{value!r} {why}")
+            self.add(path, f"{self.show(value)} {why}")
             return None
         return value
 
     def boolean(self, path: str, value: Any) -> bool | None:
         if not isinstance(value, bool):
-            self.add(path, f"must be true or false, got {value!r}")
+            self.add(path, f"must be true or false, got {self.show(value)}")
             return None
         return value
 

@@ -76,7 +76,7 @@ def verify_archive(dest: Path, recorded=None) -> tuple[list[str], str]:
     if not path.is_file() or path.is_symlink():
         return [f"no {MANIFEST} in {dest}"], "nothing to check against"
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
         files = manifest["files"]
         if not isinstance(files, dict) or not all(isinstance(v, dict) and isinstance(v.get("sha256"), str)
                                                   for v in files.values()):
@@ -100,6 +100,7 @@ def verify_archive(dest: Path, recorded=None) -> tuple[list[str], str]:
                  if f"{name} is a symlink: refused (an archive holds its own files)" not in problems]
     extra = set(_files(dest)) - set(files) - set(links)
     problems += [f"not in the manifest: {name}" for name in sorted(extra)]
+    problems += _strange_entries(dest)
     basis = "checked against the manifest only (pass --ledger with the run's ledger to check the weights " \
             "against the sha256 the run recorded)"
     want = recorded(str(manifest.get("run_id"))) if recorded is not None else None
@@ -111,6 +112,34 @@ def verify_archive(dest: Path, recorded=None) -> tuple[list[str], str]:
             problems.append("model.safetensors differs from the weights the ledger recorded when the run "
                             "exported (the manifest was recomputed after a change)")
     return problems, basis
+
+
+def _no_duplicate_keys(pairs):
+    keys = [k for k, _ in pairs]
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise ValueError(f"duplicate key {dup[0]!r}: which one holds is not defined")
+    return dict(pairs)
+
+
+def _strange_entries(dest: Path) -> list[str]:
+    """What an archive never holds: a fifo, socket or device node, or an empty folder (made after it was written)."""
+    import stat
+
+    out = []
+    for p in sorted(dest.rglob("*")):
+        name = p.relative_to(dest).as_posix()
+        if p.is_symlink():
+            continue
+        mode = p.lstat().st_mode
+        if stat.S_ISDIR(mode):
+            if not any(p.iterdir()):
+                out.append(f"{name} is an empty folder: not in the manifest")
+        elif not stat.S_ISREG(mode):
+            kind = ("a fifo" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device node"
+                    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+            out.append(f"{name} is {kind}: refused (an archive holds regular files)")
+    return out
 
 
 def _inside(p: Path, root: Path) -> bool:

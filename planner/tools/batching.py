@@ -78,7 +78,12 @@ def _parse_setting(text: str) -> dict[str, int]:
              "replicas": "replicas"}.get(k.strip())
         if k is None:
             raise InputError(f"--compare {text!r}: keys are micro, accum, replicas.")
-        out[k] = int(v)
+        try:
+            out[k] = int(v)
+        except ValueError:
+            out[k] = 0
+        if not 1 <= out[k] <= 1 << 20:
+            raise InputError(f"--compare {text!r}: {part.strip()[:40]!r} must be a whole number from 1 to 1,048,576.")
     return out
 
 
