@@ -6,6 +6,7 @@ disk; a crash loses at most the line being written. pandas reads it for the plan
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -144,8 +145,8 @@ class Ledger:
 
     def claim(self, config_key: str, run_id: str, pid: int | None = None, host: str | None = None) -> dict | None:
         """Take the configuration for this run, in one transaction. Returns None when taken, else the live
-        holder's claim. A claim whose process is gone (same host, no such pid) or whose heartbeat is older than
-        CLAIM_STALE_S (another host) is taken over."""
+        holder's claim. A claim whose heartbeat is older than CLAIM_STALE_S, or whose process is gone (same host,
+        no such pid), is taken over."""
         pid, host = pid or os.getpid(), host or socket.gethostname()
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
@@ -241,10 +242,15 @@ class Ledger:
         return status
 
 
-CLAIM_STALE_S = 600.0  # a claim from another host not refreshed for this long is abandoned
+CLAIM_STALE_S = 600.0  # a claim not refreshed for this long is abandoned, whoever holds its pid now
+HEARTBEAT_S = 60.0  # how often a holder refreshes its claim
 
 
 def _alive(pid: int | None, host: str | None, heartbeat: float | None) -> bool:
+    """A claim stands while its heartbeat is fresh; on this host, also only while its process exists. A stale
+    heartbeat ends it whatever the pid: a pid is reused, so a live process of that number proves nothing."""
+    if heartbeat is None or time.time() - float(heartbeat) >= CLAIM_STALE_S:
+        return False
     if host == socket.gethostname():
         if not pid:
             return False
@@ -254,8 +260,28 @@ def _alive(pid: int | None, host: str | None, heartbeat: float | None) -> bool:
             return False
         except PermissionError:
             return True
-        return True
-    return heartbeat is not None and time.time() - float(heartbeat) < CLAIM_STALE_S
+    return True
+
+
+@contextlib.contextmanager
+def holding(path, key: str, run_id: str, every_s: float = HEARTBEAT_S):
+    """Refresh a claim while its work runs (a thread with its own connection: SQLite handles are per thread)."""
+    import threading
+
+    stop = threading.Event()
+
+    def beat():
+        with Ledger(path) as own:
+            while not stop.wait(every_s):
+                own.heartbeat(key, run_id)
+
+    t = threading.Thread(target=beat, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(5)
 
 
 def _backup(path: Path, version: int) -> Path:

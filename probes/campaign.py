@@ -8,6 +8,7 @@ its events are appended (started, evaluated, finished | diverged | error | inter
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -24,7 +25,7 @@ import torch
 from planner.tools.archive import sha256
 from planner.inputs.campaign_spec import (KEPT_CHECKPOINTS, Campaign, Variant, judge_loss, resolve_params,
                                           resolve_workload)
-from planner.ledger import Ledger, new_id
+from planner.ledger import Ledger, holding, new_id
 from planner.records import ProbeConfig
 from probes import checkpoint
 from probes.loop import NonFinite, Trainer
@@ -373,10 +374,43 @@ def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] |
     say(f"start-up: {device} ready in {start_up:.2f} s (recorded with each run, not billed to any variant)"
         + (f"; {world} processes, {strategy}" if world > 1 else ""))
     outcomes = []
+    since = _now()
     for v in sorted(variants, key=lambda v: v.priority):
         for seed in seeds or [v.seed]:
-            run_id, outcome = run_variant(campaign, v, seed, ledger_path, out, device, updates, progress=say,
-                                          start_up_s=start_up, strategy=strategy)
+            # one command at a time trains a (variant, seed): a second `campaign run` of the spec skips what the
+            # first is training now, and what it finished since this command started
+            key, claim = f"campaign:{campaign.name}:{v.id}:{seed}", new_id("k")
+            held = from_rank0(_claim_variant(ledger_path, key, claim, campaign.name, v.id, seed, since)
+                              if rank == 0 else None)
+            if held:
+                say(f"skip {v.id} seed {seed}: {held}")
+                outcomes.append("skipped")
+                continue
+            try:
+                with holding(ledger_path, key, claim) if rank == 0 else contextlib.nullcontext():
+                    run_id, outcome = run_variant(campaign, v, seed, ledger_path, out, device, updates, progress=say,
+                                                  start_up_s=start_up, strategy=strategy)
+            finally:
+                if rank == 0:
+                    with Ledger(ledger_path) as led:
+                        led.release(key, claim)
             outcomes.append(outcome)
             echo(f"{run_id}  {v.id}  lr {v.lr:g}  seed {seed}  {outcome}")
     return outcomes
+
+
+def _claim_variant(ledger_path: str, key: str, claim: str, campaign: str, variant: str, seed: int,
+                   since: str) -> str | None:
+    """None when this command may train the (variant, seed) (the claim is then its own), else why not."""
+    with Ledger(ledger_path) as led:
+        holder = led.claim(key, claim)
+        if holder is not None:
+            return f"another campaign run is training it now (pid {holder['pid']} on {holder['host']})"
+        runs, events = led.table("campaign_runs"), led.table("campaign_events")
+        mine = runs[(runs["campaign"] == campaign) & (runs["variant"] == variant) & (runs["seed"] == seed)
+                    & (runs["started_at"] >= since)]
+        done = events[events["run_id"].isin(mine["run_id"]) & (events["event"] == "finished")]
+        if not done.empty:
+            led.release(key, claim)
+            return f"another campaign run finished it meanwhile (run {done['run_id'].iloc[0]})"
+    return None

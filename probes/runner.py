@@ -27,7 +27,7 @@ from typing import Callable
 
 import pandas as pd
 
-from planner.ledger import Ledger, lines_frame, new_id
+from planner.ledger import Ledger, holding, lines_frame, new_id
 from planner.records import PHASES, Line, ProbeConfig, Verdict
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -164,6 +164,7 @@ def call_in_worker(fn, args: tuple, timeout_s: float = DEFAULT_TIMEOUT_S, env: d
         proc.join(10)
         if proc.is_alive():
             _kill(proc)
+        _end_group(proc)
         parent.close()
 
 
@@ -221,6 +222,7 @@ def _run_worker(phases, cfg: ProbeConfig, workdir: str, run_id: str, probe_id: s
         if not done:
             _kill(proc)
         proc.join(10)
+        _end_group(proc)
         parent.close()
     if out.verdict is None and not done:
         code = proc.exitcode
@@ -230,6 +232,17 @@ def _run_worker(phases, cfg: ProbeConfig, workdir: str, run_id: str, probe_id: s
         else:
             out.verdict, out.detail = Verdict.ERROR, f"worker exited with code {code} without a line"
     return out
+
+
+def _end_group(proc) -> None:
+    """Whatever the worker started and left behind (a script's os.fork(), a dataloader's workers) dies with its
+    configuration: the worker made its own process group (os.setpgrp), and nothing of it outlives the command."""
+    if proc.pid is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is empty: nothing was left
 
 
 def _kill(proc) -> None:
@@ -325,7 +338,7 @@ def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: 
                         result.lines += ledger.standing_lines(cfg.key())
                         progress(f"skip {tag}: finished by another probe meanwhile")
                         continue
-                    with _heartbeat(ledger, cfg.key(), run_id):
+                    with holding(ledger.path, cfg.key(), run_id):
                         ok = _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress,
                                          result.lines.append)
                 finally:
@@ -379,27 +392,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-@contextlib.contextmanager
-def _heartbeat(ledger: Ledger, key: str, run_id: str, every_s: float = 60.0):
-    """Refresh the claim while the configuration runs (its own connection: SQLite handles are per thread)."""
-    import threading
-
-    stop = threading.Event()
-
-    def beat():
-        with Ledger(ledger.path) as own:
-            while not stop.wait(every_s):
-                own.heartbeat(key, run_id)
-
-    t = threading.Thread(target=beat, daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        t.join(5)
 
 
 def _launch_main(phases, cfg_dict, workdir, run_id, probe_id, conn) -> None:
