@@ -374,7 +374,7 @@ def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] |
     say(f"start-up: {device} ready in {start_up:.2f} s (recorded with each run, not billed to any variant)"
         + (f"; {world} processes, {strategy}" if world > 1 else ""))
     outcomes = []
-    since = _now()
+    since = _last_run_seq(ledger_path) if rank == 0 else 0  # runs after it were started by other commands
     for v in sorted(variants, key=lambda v: v.priority):
         for seed in seeds or [v.seed]:
             # one command at a time trains a (variant, seed): a second `campaign run` of the spec skips what the
@@ -399,8 +399,14 @@ def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] |
     return outcomes
 
 
+def _last_run_seq(ledger_path: str) -> int:
+    with Ledger(ledger_path) as led:
+        runs = led.table("campaign_runs")
+    return int(runs["seq"].max()) if len(runs) else 0
+
+
 def _claim_variant(ledger_path: str, key: str, claim: str, campaign: str, variant: str, seed: int,
-                   since: str) -> str | None:
+                   since: int) -> str | None:
     """None when this command may train the (variant, seed) (the claim is then its own), else why not."""
     with Ledger(ledger_path) as led:
         holder = led.claim(key, claim)
@@ -408,7 +414,7 @@ def _claim_variant(ledger_path: str, key: str, claim: str, campaign: str, varian
             return f"another campaign run is training it now (pid {holder['pid']} on {holder['host']})"
         runs, events = led.table("campaign_runs"), led.table("campaign_events")
         mine = runs[(runs["campaign"] == campaign) & (runs["variant"] == variant) & (runs["seed"] == seed)
-                    & (runs["started_at"] >= since)]
+                    & (runs["seq"] > since)]
         done = events[events["run_id"].isin(mine["run_id"]) & (events["event"] == "finished")]
         if not done.empty:
             led.release(key, claim)
