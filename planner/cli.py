@@ -98,7 +98,9 @@ def main() -> None:
 
 def grid_options(fn):
     opts = [
-        click.option("--workload", "-w", default=None, help="builtin:gpt | builtin:classifier | file.py:fn | module:fn"),
+        click.option("--workload", "-w", default=None,
+                     help="builtin:gpt | builtin:classifier | file.py:fn | module:fn | hf:CONFIG_DIR | script:NAME "
+                          "(with --script)"),
         click.option("--param", "-p", "params", multiple=True, help="workload parameter key=value (repeatable)."),
         click.option("--micro-batch", default=None, help="comma list, e.g. 1,2,4"),
         click.option("--seq-len", default=None, help="comma list, e.g. 256,512"),
@@ -188,9 +190,16 @@ def probe(ledger_path, timeout_s, retry_failed, find, fmt, script_path, script_a
     if find:
         return run_find(spec, find, ledger_path, fmt)
     result = run_probe(spec, ledger_path, timeout_s, retry_failed)
-    click.echo(render(lines_view(result.frame(), fmt), fmt))
+    frame = result.frame()
+    click.echo(render(lines_view(frame, fmt), fmt))
     if result.interrupted:
         raise KeyboardInterrupt
+    setup = frame[frame["phase"] == "setup"] if len(frame) else frame
+    if spec.cap and len(setup) and (setup["verdict"] == "oom").all():  # nothing was measured: say what to do
+        raise InputError(f"under --cap {spec.cap} not even the model and its optimizer were built (setup ended "
+                         f"oom in every configuration; the lines are in {ledger_path}): the cap is below the "
+                         "model's own weights. Give a larger GPU or size (`rentplan catalog list`), or size it "
+                         "without a cap: `rentplan estimate`.")
 
 
 SCRIPT_OPTIONS = {"workload", "steady_updates", "eval_seq_len", "cap", "catalog_path", "device"}
@@ -273,8 +282,10 @@ def run_find(spec: GridSpec, find: str, ledger_path: str, fmt: str) -> None:
     click.echo(render(rows, fmt))
     what = "micro-batch" if find == "max-micro-batch" else "seq_len"
     if res.best is None:
-        raise click.ClickException(f"not even the smallest {what} ran under the cap {spec.cap}: "
-                                   f"{res.tried[-1] if res.tried else ''}")
+        first = f" ({what} {res.tried[0][0]} ended {res.tried[0][1]})" if res.tried else ""
+        raise InputError(f"not even the smallest {what} ran under the cap {spec.cap}{first}: the cap is below what "
+                         "the model needs at its smallest. Give a larger GPU or size (`rentplan catalog list`), or "
+                         "size it without a cap: `rentplan estimate`.")
     bracket = f"; {res.failed_above} failed" if res.failed_above else " (no failure up to the search limit)"
     click.echo(f"largest {what} that ran under cap {spec.cap}: {res.best}{bracket}. "
                f"{res.real_probes} real probe(s) after {res.estimate_probes} estimate(s).")
@@ -596,18 +607,18 @@ def demo(ledger_path, out, device):
         if results[-1].interrupted:
             raise KeyboardInterrupt
     mine, est = (r.frame() for r in results)
-    click.echo("1) The loop on this device (measured):")
-    click.echo(render(lines_view(mine[mine["phase"].isin(["first_step", "steady", "eval", "resume"])], "table"),
-                      "table"))
+    click.echo(f"1) The loop on this device (measured): {len(mine['run_id'].unique())} configuration(s) × "
+               f"{mine['phase'].nunique()} phases")
+    click.echo(render(lines_view(mine, "table"), "table"))
     if len(mine) and (mine["verdict"] == "ok").all():
         click.echo("every phase ran on this device, resume in a fresh process included (`rentplan overfit` and "
                    "`rentplan resume-check` show that the loop learns and resumes exactly)")
     else:
         bad = mine[mine["verdict"] != "ok"]
         click.echo(f"{len(bad)} phase(s) did not end ok: see `rentplan ledger show --verdict {bad['verdict'].iloc[0]}`")
-    click.echo(f"\n2) {campaign.name}: {len(est['run_id'].unique())} estimate(s), the need per phase "
-               f"(fake tensors, no memory touched):")
-    click.echo(render(lines_view(est[est["phase"].isin(["first_step", "eval", "resume"])], "table"), "table"))
+    click.echo(f"\n2) {campaign.name}: {len(est['run_id'].unique())} estimate(s) × {est['phase'].nunique()} phases, "
+               f"the need per phase (fake tensors, no memory touched):")
+    click.echo(render(lines_view(est, "table"), "table"))
     click.echo("")
     click.echo("3) The plan:")
     plan_and_write(str(campaign_path), ledger_path, None, "3,7,30", 0.10, out, None, "table")
@@ -678,7 +689,8 @@ def batch(micro_batch, grad_accum, replicas, examples, seq_len, drop_last, compa
 
 def workload_options(fn):
     fn = click.option("--param", "-p", "params", multiple=True, help="workload parameter key=value")(fn)
-    return click.option("--workload", "-w", default="builtin:gpt", show_default=True)(fn)
+    return click.option("--workload", "-w", default="builtin:gpt", show_default=True,
+                        help="builtin:gpt | builtin:classifier | file.py:fn | module:fn | hf:CONFIG_DIR")(fn)
 
 
 @cli.command()
@@ -831,7 +843,8 @@ def campaign():
               help="retry a variant with another learning rate (a new run id; the old run stays)")
 @click.option("--updates", default=None, type=int, help="fewer updates than the spec (a shortened run)")
 @ledger_option
-@click.option("--out", default="rentplan-runs", show_default=True, type=click.Path(file_okay=False))
+@click.option("--out", default="rentplan-runs", show_default=True, type=click.Path(file_okay=False),
+              help="the folder each run writes to (its weights, checkpoints, spec and workload as they were)")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--strategy", type=click.Choice(["ddp", "fsdp"]), default=None,
               help="under torchrun: how the processes share each update (default ddp)")
@@ -891,6 +904,7 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
 
 
 @campaign.command("report")
+@click.argument("spec", required=False, type=click.Path(dir_okay=False))
 @ledger_option
 @click.option("--campaign", "name", default=None, help="campaign name (default: every run in the ledger)")
 @click.option("--price", "price_per_hour", default=None, type=float, help="USD per hour of the chosen offer")
@@ -899,13 +913,21 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
               help="also show the predictions and targets kept at each validation point")
 @format_option
 @friendly_errors
-def campaign_report(ledger_path, name, price_per_hour, out, show_predictions, fmt):
+def campaign_report(spec, ledger_path, name, price_per_hour, out, show_predictions, fmt):
     """One row per variant (changes, status with earlier attempts, budget, quality, validation, time, cost)
-    and a conclusion.
+    and a conclusion. SPEC (the campaign file, as `campaign run` takes it) or --campaign NAME picks one campaign.
 
-    Example: rentplan campaign report --ledger rentplan.db --predictions
+    Example: rentplan campaign report campaign.yaml --ledger rentplan.db --predictions
     """
     from planner.outputs.report import campaign_frames, conclusion, run_table, variant_table, write_campaign_report
+
+    if spec is not None:
+        from planner.inputs.campaign_spec import load_campaign
+
+        named = load_campaign(spec).name
+        if name is not None and name != named:
+            raise InputError(f"{spec} is campaign {named!r}, --campaign says {name!r}: give one of them.")
+        name = named
 
     runs, events, metrics, notes = campaign_frames(ledger_path, name)
     table = run_table(runs, events, metrics)
@@ -935,7 +957,8 @@ def campaign_report(ledger_path, name, price_per_hour, out, show_predictions, fm
 @campaign.command("finish")
 @click.argument("run_id")
 @ledger_option
-@click.option("--out", default="rentplan-runs", show_default=True, type=click.Path(file_okay=False))
+@click.option("--out", default="rentplan-runs", show_default=True, type=click.Path(file_okay=False),
+              help="the folder `campaign run --out` wrote the runs to (where the run's weights are)")
 @friendly_errors
 def campaign_finish(run_id, ledger_path, out):
     """Reload the exported artifact in a fresh process and rerun the control inputs recorded at export.
@@ -972,7 +995,8 @@ def campaign_finish(run_id, ledger_path, out):
 @click.argument("folder", required=False)
 @click.option("--to", "dest", default=None, type=click.Path(file_okay=False), help="archive folder to write")
 @ledger_option
-@click.option("--out", default="rentplan-runs", show_default=True, type=click.Path(file_okay=False))
+@click.option("--out", default="rentplan-runs", show_default=True, type=click.Path(file_okay=False),
+              help="the folder `campaign run --out` wrote the runs to (where the run's weights are)")
 @friendly_errors
 def archive(target, folder, dest, ledger_path, out):
     """`archive RUN --to DIR` writes a verifiable archive; `archive verify DIR` checks one.

@@ -110,7 +110,14 @@ def _own_callable(module, func: str, target: str, ref: str):
     """The named function or class, checked before anything calls it: defined in that very file or module
     (not imported into it), and Python code (not a builtin or C function)."""
     if not hasattr(module, func):
-        raise WorkloadError(f"{target} has no function {func!r} (from {ref!r}).")
+        import difflib
+
+        names = [n for n, o in vars(module).items() if (inspect.isfunction(o) or inspect.isclass(o))
+                 and getattr(o, "__module__", None) == module.__name__]
+        hint = difflib.get_close_matches(func, names, n=1)
+        raise WorkloadError(f"{target} has no function {func!r} (from {ref!r})."
+                            + (f" Did you mean {hint[0]!r}?" if hint else
+                               f" It defines: {', '.join(sorted(names)[:8]) or 'no function'}."))
     obj = getattr(module, func)
     if not (inspect.isfunction(obj) or inspect.isclass(obj)):
         raise WorkloadError(f"{target}:{func} is a {type(obj).__name__}, not a Python function or class "
@@ -185,8 +192,12 @@ def _top_level_definition(origin: str, func: str, ref: str) -> int:
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == func:
             return node.lineno
-    raise WorkloadError(f"{origin} defines no function or class {func!r} at its top level (from {ref!r}): name "
-                        "the function where it is written.")
+    import difflib
+
+    names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    hint = difflib.get_close_matches(func, names, n=1)
+    raise WorkloadError(f"{origin} defines no function or class {func!r} at its top level (from {ref!r})"
+                        + (f": did you mean {hint[0]!r}?" if hint else ": name the function where it is written."))
 
 
 def load_workload(ref: str, params: dict[str, Any] | None = None):

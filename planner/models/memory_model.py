@@ -145,7 +145,10 @@ class MemoryModel:
             per_phase = {ph: b * self.widen for ph, b in per_phase.items()}
         phase = max(per_phase, key=per_phase.get)
         fit = self.fits[phase]
+        distinct = len({(p.micro_batch, p.seq_len) for p in fit.points})
         how = "measured at this configuration" if exact else (
+            f"{'extrapolated' if extrapolated else 'interpolated'} from one point (a line through its baseline): "
+            "not validated" if distinct < 2 else
             f"{'extrapolated' if extrapolated else 'interpolated'} by a {fit.kind} fit on {len(fit.points)} points "
             f"(max error on them {fit.max_rel_error:.2%})")
         widened = f"; {self.widen_note}" if self.widen_note else ""

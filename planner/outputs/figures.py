@@ -181,24 +181,39 @@ def cost_per_window(plans: pd.DataFrame) -> dict | None:
 
 
 def max_mb_figure(sheet: pd.DataFrame):
-    """The largest micro-batch that fits each GPU at the campaign's sequence length; search limits marked."""
+    """The largest micro-batch that fits each GPU at the campaign's sequence length, as horizontal bars (names
+    read level), on a log2 axis labelled with the micro-batches themselves; a GPU that holds none says so in
+    words, not with a bar; the search limit is marked."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
     plt = _plt()
     per_gpu = sheet.sort_values("usable_bytes").drop_duplicates("gpu")
-    fig, ax = plt.subplots(figsize=(10, 4.0))
-    values = per_gpu["max_micro_batch"].clip(lower=0.5)
-    bars = ax.bar(per_gpu["gpu"], values, color="#4c72b0")
-    for bar, extrap, mb in zip(bars, per_gpu["max_micro_batch_extrapolated"], per_gpu["max_micro_batch"]):
-        if extrap:
+    n = len(per_gpu)
+    fig, ax = plt.subplots(figsize=(7.4, 0.32 * n + 1.2))
+    values = per_gpu["max_micro_batch"].astype(float)
+    top = max(2.0, float(values.max()))
+    y = list(range(n))
+    bars = ax.barh(y, values.where(values > 0, float("nan")), color="#4c72b0", height=0.6, left=0.5)
+    for yi, bar, extrap, mb in zip(y, bars, per_gpu["max_micro_batch_extrapolated"], per_gpu["max_micro_batch"]):
+        if mb > 0 and extrap:
             bar.set_hatch("//")
         if mb >= MB_LIMIT:
-            ax.annotate(f"≥ {MB_LIMIT} (search limit)", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        xytext=(0, 3), textcoords="offset points", ha="center", fontsize=FONT - 2)
+            label = f"≥ {MB_LIMIT:,} (search limit)"
         elif mb == 0:
-            ax.annotate("does not fit", (bar.get_x() + bar.get_width() / 2, 0.5), xytext=(0, 3),
-                        textcoords="offset points", ha="center", fontsize=FONT - 2, rotation=90)
-    ax.set_yscale("log", base=2)
-    ax.set_ylabel("max micro-batch (log2)")
-    ax.set_xticks(range(len(per_gpu)), per_gpu["gpu"], rotation=45, ha="right")
+            label = "does not fit at micro-batch 1"
+        else:
+            label = f"{int(mb):,}"
+        ax.annotate(label, (max(float(mb), 0.5), yi), xytext=(4, 0), textcoords="offset points", va="center",
+                    fontsize=FONT - 2)
+    ax.set_xscale("log", base=2)
+    last = int(top * 8).bit_length()
+    ticks = [2 ** k for k in range(0, last, max(1, -(-last // 6)))]  # at most 6 labels: none touch
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([f"{t:,}" for t in ticks])
+    ax.set_xlim(0.5, top * 8)
+    ax.set_yticks(y, [f"{g} ({u / 2**30:.0f} GiB)" for g, u in zip(per_gpu["gpu"], per_gpu["usable_bytes"])])
+    ax.set_xlabel("largest micro-batch that fits (log scale)")
     fig.tight_layout()
     seq = int(sheet["seq_len"].iloc[0]) if len(sheet) else 0
     caption = (f"Largest micro-batch per GPU at seq_len {seq}, from the fitted memory model with the headroom, "
@@ -212,10 +227,118 @@ def max_micro_batch(sheet: pd.DataFrame) -> dict:
     return {"svg": _svg(fig), "caption": caption}
 
 
+VERDICT_COLORS = {"fits": "#2a7a3b", "tight": "#b8860b"}
+
+
+def _money(v, _=None) -> str:
+    return f"${v:,.0f}" if v >= 10 else (f"${v:.2f}" if v >= 1 else f"{v * 100:.0f}¢")
+
+
+def _hours(v, _=None) -> str:
+    return f"{v:,.0f} h" if v >= 1 else f"{v * 60:.0f} min"
+
+
+def decision_figure(sheet: pd.DataFrame, plans: pd.DataFrame, max_labels: int = 4):
+    """The decision in one picture: every offer that fits or is tight, campaign cost (x) against campaign hours (y),
+    each with its range (fast end – slow end) in both; colour by verdict; the recommendation ringed, the ordered
+    offer boxed where it differs, each window's ★; the rental windows as lines. Both axes are logarithmic: the
+    offers span orders of magnitude in both, and equal ratios read as equal distances."""
+    ok = sheet[(sheet["verdict"] != "does not fit") & sheet["campaign_cost_usd_high"].notna()
+               & sheet["campaign_hours_high"].notna()]
+    if ok.empty:
+        return None
+    from matplotlib.ticker import FuncFormatter
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.4, 4.6))
+    for verdict, g in ok.groupby("verdict"):
+        lo_c, hi_c = g["campaign_cost_usd_low"].astype(float), g["campaign_cost_usd_high"].astype(float)
+        lo_h, hi_h = g["campaign_hours_low"].astype(float), g["campaign_hours_high"].astype(float)
+        ax.errorbar(hi_c, hi_h, xerr=[hi_c - lo_c, 0 * hi_c], yerr=[hi_h - lo_h, 0 * hi_h], fmt="o", ms=4,
+                    color=VERDICT_COLORS.get(verdict, "grey"), elinewidth=0.7, alpha=0.85,
+                    label=f"{verdict} ({len(g)} offers)")
+    days = sorted(int(d) for d in plans["days"].unique()) if len(plans) else []
+    top = max(float(ok["campaign_hours_high"].max()), *(24.0 * d for d in days[:1]))
+    for d in days:
+        if 24 * d <= top * 3:
+            ax.axhline(24 * d, linestyle="--", linewidth=0.8, color="grey")
+            ax.annotate(f"{d}-day window", xy=(1.0, 24 * d), xycoords=("axes fraction", "data"), xytext=(-4, 2),
+                        textcoords="offset points", ha="right", va="bottom", fontsize=FONT - 2, color="grey")
+    marks = []
+    rec = ok[ok["recommended"]] if "recommended" in ok else ok.iloc[0:0]
+    if len(rec):
+        r = rec.iloc[0]
+        ax.scatter([r["campaign_cost_usd_high"]], [r["campaign_hours_high"]], s=160, facecolors="none",
+                   edgecolors="black", linewidths=1.6, label="recommended", zorder=5)
+        marks.append((r, "recommended"))
+    mine = ok[ok["ordered"]] if "ordered" in ok else ok.iloc[0:0]
+    if len(mine) and (not len(rec) or mine.iloc[0]["offer"] != rec.iloc[0]["offer"]):
+        r = mine.iloc[0]
+        ax.scatter([r["campaign_cost_usd_high"]], [r["campaign_hours_high"]], s=150, marker="s", facecolors="none",
+                   edgecolors="#1f4e9e", linewidths=1.6, label="ordered (--offer)", zorder=5)
+        marks.append((r, "ordered"))
+    stars = plans[plans["cheapest_for_priority_1"]] if len(plans) else plans
+    starred = ok[ok["offer"].isin(set(stars["offer"]))] if len(stars) else ok.iloc[0:0]
+    if len(starred):
+        ax.scatter(starred["campaign_cost_usd_high"], starred["campaign_hours_high"], s=150, marker="*",
+                   color="#c0392b", label="★ of a window", zorder=6)
+        for _, r in starred.iterrows():
+            windows = ", ".join(f"{int(d)} d" for d in stars[stars["offer"] == r["offer"]]["days"])
+            marks.append((r, f"★ {windows}"))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(_money))
+    ax.yaxis.set_major_formatter(FuncFormatter(_hours))
+    ax.set_xlabel("campaign cost (slow end; bar: from the fast end)")
+    ax.set_ylabel("campaign hours (slow end; bar: from the fast end)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=FONT - 1)
+    seen, placed = set(), []
+    for r, why in marks:  # names beside the marked offers, stacked so no two cover each other
+        if r["offer"] in seen or len(seen) >= max_labels:
+            continue
+        seen.add(r["offer"])
+        placed.append((r["campaign_cost_usd_high"], r["campaign_hours_high"], f"{r['offer']} ({why})"))
+    fig.tight_layout()
+    _label_points(ax, fig, placed)
+    caption = ("Every offer that fits (or is tight) as a point: the whole campaign's cost against its hours, at the "
+               "slow end of each time range, the bar reaching back to the fast end. Ring: the recommendation; "
+               "square: the offer ordered with --offer where it differs; ★: the offer each window's plan marks. "
+               "Dashed lines: the rental windows. Basis: each offer's time basis in the selection; prices as of each "
+               "offer's date.")
+    return fig, caption
+
+
+def _label_points(ax, fig, points: list[tuple[float, float, str]]) -> None:
+    """Each label right of its point, moved down (in screen space) past the labels above it."""
+    if not points:
+        return
+    renderer = fig.canvas.get_renderer()
+    placed_boxes = []
+    for x, y, text in sorted(points, key=lambda p: -p[1]):
+        dy = 0
+        while True:
+            t = ax.annotate(text, xy=(x, y), xytext=(8, dy), textcoords="offset points", fontsize=FONT - 2,
+                            va="center", ha="left", annotation_clip=False,
+                            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85},
+                            arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.6} if dy else None)
+            box = t.get_window_extent(renderer)
+            if not any(box.overlaps(b) for b in placed_boxes) or dy < -200:
+                placed_boxes.append(box)
+                break
+            t.remove()
+            dy -= FONT + 2
+
+
+def decision_picture(sheet: pd.DataFrame, plans: pd.DataFrame) -> dict | None:
+    made = decision_figure(sheet, plans)
+    return None if made is None else {"svg": _svg(made[0]), "caption": made[1]}
+
+
 def order_sheet_figures(lines: pd.DataFrame, sheet: pd.DataFrame, plans: pd.DataFrame) -> list[dict]:
     if not available():
         return []
-    figs = [memory_per_phase(lines, sheet), cost_per_window(plans), max_micro_batch(sheet)]
+    figs = [decision_picture(sheet, plans), memory_per_phase(lines, sheet), cost_per_window(plans),
+            max_micro_batch(sheet)]
     return [f for f in figs if f]
 
 

@@ -121,6 +121,24 @@ def time_text(r) -> str:
     return text
 
 
+MARKDOWN_ROWS = 12  # offers the markdown sheet lists; it says how many more selection.csv holds
+NOT_FITTING_SHOWN = 8
+
+
+def by_cost(sheet: pd.DataFrame) -> pd.DataFrame:
+    """Every offer, cheapest campaign first (offers without a cost last), the verdict a column beside it."""
+    return sheet.sort_values(["campaign_cost_usd_high", "price_per_hour_usd", "offer"], na_position="last")
+
+
+def not_fitting_text(r, catalog: Catalog, headroom: float) -> dict:
+    """Why an offer does not fit, on the fit rule's own terms: need + context (+ workspaces) against usable, the
+    inequality that really fails (the headroom is the policy on top)."""
+    total = float(r["need_bytes"]) + float(r["context_bytes"])
+    return {"offer": r["offer"], "need": need_text(r), "usable": fmt_bytes(r["usable_bytes"]),
+            "why": f"need {fmt_bytes(r['need_bytes'])} + {fmt_bytes(r['context_bytes'])} context and workspaces = "
+                   f"{fmt_bytes(total)} > {fmt_bytes(r['usable_bytes'])} usable"}
+
+
 def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
     from planner.models.memory_model import MB_LIMIT, SEQ_LIMIT
 
@@ -262,10 +280,13 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
         "recommended": None if rec is None else order_context(rec, sheet, lines),
         "order_for_this_machine": bool(sheet.attrs.get("order_for_this_machine")),
         "window_notes": window_notes(plans, sheet),
-        "rows": sheet_rows(fitting.head(12)),
-        "n_fitting": int(len(fitting)), "n_offers": int(len(sheet)),
-        "not_fitting": [{"offer": r["offer"], "need": need_text(r), "usable": fmt_bytes(r["usable_bytes"])}
-                        for _, r in sheet[sheet["verdict"] == NO_FIT].head(8).iterrows()],
+        "rows": sheet_rows(fitting.head(MARKDOWN_ROWS)),  # the markdown sheet's; selection.csv holds them all
+        "all_rows": sheet_rows(by_cost(sheet)),  # the HTML sheet's: every offer, cheapest first, filterable
+        "n_fitting": int(len(fitting)), "n_offers": int(len(sheet)), "n_more": max(0, len(fitting) - MARKDOWN_ROWS),
+        "n_tight": int((sheet["verdict"] == "tight").sum()),
+        "not_fitting": [not_fitting_text(r, catalog, headroom)
+                        for _, r in sheet[sheet["verdict"] == NO_FIT].head(NOT_FITTING_SHOWN).iterrows()],
+        "n_not_fitting_more": max(0, int((sheet["verdict"] == NO_FIT).sum()) - NOT_FITTING_SHOWN),
         "plans": plan_rows(plans, sheet),
         "budget": budget_context(budget),
         "provenance": prov,

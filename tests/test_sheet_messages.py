@@ -1,0 +1,76 @@
+"""The sheet and the messages people read (issue 27), each from the user's steps: 'does not fit' states the fit
+rule's own inequality and says how many more; a one-point fit says it is not validated; help names every workload
+form; a misspelled function gets a 'did you mean'; `campaign report SPEC` works as `campaign run SPEC` does; a cap
+below the model's weights ends with what to do."""
+
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+from tests.factories import campaign_yaml, config, pilot_lines, standard_ledger, write_ledger
+
+GiB = 2**30
+
+
+def plan(tmp_path, monkeypatch, ledger):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", ledger, "--out", "out"])
+    assert r.exit_code == 0, r.output
+    return (tmp_path / "out" / "order_sheet.md").read_text(), (tmp_path / "out" / "order_sheet.html").read_text()
+
+
+def test_does_not_fit_states_an_inequality_that_holds_and_how_many_more(tmp_path, monkeypatch):
+    lines = []
+    for mb in (1, 2):  # 30 GiB at micro-batch 1: the 16 and 24 GB cards do not hold it
+        cfg = config(micro_batch=mb, seq_len=256, eval_seq_len=256, eval_micro_batch=mb)
+        lines += pilot_lines(cfg, int(30 * GiB / 1.15) + mb * 2**20)
+    md, html = plan(tmp_path, monkeypatch, write_ledger(tmp_path / "l.db", lines))
+    said = re.findall(r"need ([0-9.]+) GiB \+ ([0-9.]+) (GiB|MiB) context and workspaces = ([0-9.]+) GiB > "
+                      r"([0-9.]+) GiB usable", md)
+    assert len(said) == 8 and "more (selection.csv)" in md
+    for need, ctx, unit, total, usable in said:
+        assert float(total) > float(usable)  # the shown inequality is true
+        assert float(need) + float(ctx) / (1 if unit == "GiB" else 1024) == pytest.approx(float(total), abs=0.02)
+    assert 'id="show-all"' in html and "v-does-not-fit" in html  # every offer reachable in the page
+
+
+def test_a_one_point_fit_says_it_is_not_validated(tmp_path, monkeypatch):
+    cfg = config(micro_batch=2, seq_len=256, eval_seq_len=256, eval_micro_batch=2)
+    md, _ = plan(tmp_path, monkeypatch, write_ledger(tmp_path / "l.db", pilot_lines(cfg, 200 * 2**20)))
+    assert "from one point (a line through its baseline): not validated" in md
+    assert "max error on them 0.00%" not in md
+
+
+def test_help_names_every_workload_form_and_the_archive_folder():
+    probe = CliRunner().invoke(cli, ["probe", "--help"]).output
+    assert "script:NAME" in probe and "hf:CONFIG_DIR" in probe
+    assert "the folder `campaign run --out` wrote the runs to" in CliRunner().invoke(cli, ["archive", "--help"]).output
+
+
+def test_a_misspelled_workload_function_gets_did_you_mean(tmp_path):
+    (tmp_path / "wl.py").write_text("def regression(width=8):\n    pass\n")
+    r = CliRunner().invoke(cli, ["inspect", "-w", f"{tmp_path / 'wl.py'}:regresion"])
+    assert r.exit_code == 1 and "Did you mean 'regression'?" in r.output
+
+
+def test_campaign_report_takes_the_spec_as_campaign_run_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+    led = standard_ledger(tmp_path / "l.db")
+    r = CliRunner().invoke(cli, ["campaign", "report", "c.yaml", "--ledger", led])
+    assert "Usage" not in r.output and "No such" not in r.output and "Traceback" not in r.output, r.output
+    r = CliRunner().invoke(cli, ["campaign", "report", "c.yaml", "--campaign", "other", "--ledger", led])
+    assert r.exit_code == 1 and "c.yaml is campaign 'test-campaign', --campaign says 'other'" in r.output
+
+
+@pytest.mark.slow
+def test_a_cap_below_the_weights_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = ["-p", "layers=2", "-p", "d_model=256", "-p", "heads=4", "-p", "vocab=4096", "--seq-len", "64"]
+    r = CliRunner().invoke(cli, ["probe", "--cap", "2MiB", "--micro-batch", "1", "--ledger", "l.db", *model])
+    assert r.exit_code == 1 and "the cap is below the model's own weights" in r.output and "rentplan estimate" in r.output
+    r = CliRunner().invoke(cli, ["probe", "--find", "max-micro-batch", "--cap", "2MiB", "--ledger", "f.db", *model])
+    assert r.exit_code == 1 and "(micro-batch 1 ended oom)" in r.output and "(1, 'oom')" not in r.output
