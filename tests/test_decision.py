@@ -42,7 +42,7 @@ def test_offer_changes_every_output_together(tmp_path, monkeypatch):
     assert "| offer | `aws-h100_sxm-8x` (aws" in md
     assert f"you chose it (--offer); rentplan recommends {recommended}" in md
     html = (tmp_path / "out" / "order_sheet.html").read_text()
-    assert "<code>aws-h100_sxm-8x</code>" in html and f"on h100_sxm), the others" in html  # the memory caption
+    assert "<code>aws-h100_sxm-8x</code>" in html and "on h100_sxm), the others" in html  # the memory caption
     budget = (tmp_path / "out" / "budget.md").read_text()
     assert f"at the ordered offer, aws-h100_sxm-8x; rentplan recommends {recommended}" in budget
     sheet = pd.read_csv(tmp_path / "out" / "selection.csv")

@@ -3,7 +3,6 @@ same device are compared; past 3 % the sheet says so and the need widens by the 
 Recurrent layers: oneDNN's training workspace (which the meta kernel leaves empty) is sized, and an LSTM's
 estimate on this CPU lands within 5 % of its probe."""
 
-import json
 
 import pandas as pd
 import pytest
@@ -12,7 +11,7 @@ from click.testing import CliRunner
 from planner.cli import cli
 from planner.decisions.selfcheck import estimate_check
 from planner.ledger import read_lines
-from tests.factories import campaign_yaml, config, pilot_lines, write_ledger
+from tests.factories import campaign_yaml, config, pilot_lines
 
 MiB = 2**20
 WORKLOADS = "tests/workloads.py"
