@@ -14,7 +14,7 @@ import pandas as pd
 
 from planner.models.memory_model import MB_LIMIT
 from planner.records import PHASES
-from planner.units import MiB
+from planner.units import GiB
 
 FONT = 10
 
@@ -61,17 +61,21 @@ def spread_labels(values: list[float], min_gap: float) -> list[float]:
     return out
 
 
-def label_gpus(ax, marks: pd.DataFrame, fig) -> None:
-    """GPU names at the right of the last panel, beside their dashed lines, moved apart (in screen space) so
-    that no label covers another."""
-    import math
+def fit_limit(row, headroom: float) -> float:
+    """The most a configuration may need on this GPU and still fit with the headroom (the fit rule:
+    (need + context) × (1 + headroom) ≤ usable)."""
+    return float(row["usable_bytes"]) / (1 + headroom) - float(row["context_bytes"])
 
-    lo, hi = (math.log10(v) for v in ax.get_ylim())
+
+def label_gpus(ax, marks: pd.DataFrame, fig, headroom: float) -> None:
+    """GPU names at the right of the last panel, beside their lines, moved apart (in screen space) so that no
+    label covers another."""
+    lo, hi = ax.get_ylim()
     height_px = ax.get_window_extent().height or 1.0
-    gap = (FONT * 1.6) / height_px * (hi - lo)  # one line of text, in log10 units of this axis
-    logs = spread_labels([math.log10(float(u) / MiB) for u in marks["usable_bytes"]], gap)
-    for (_, g), y in zip(marks.iterrows(), logs):
-        ax.annotate(f"{g['gpu']} ({g['usable_bytes'] / 2**30:.0f} GiB)", xy=(len(PHASES) - 0.5, 10 ** y),
+    gap = (FONT * 1.6) / height_px * (hi - lo)  # one line of text, in GiB of this axis
+    levels = [fit_limit(g, headroom) / GiB for _, g in marks.iterrows()]
+    for (_, g), y, at in zip(marks.iterrows(), spread_labels(levels, gap), levels):
+        ax.annotate(f"{g['gpu']}: fits below {at:.1f} of {g['usable_bytes'] / GiB:.0f} GiB", xy=(len(PHASES) - 0.5, y),
                     xytext=(6, 0), textcoords="offset points", fontsize=FONT - 1, va="center", annotation_clip=False)
 
 
@@ -81,7 +85,7 @@ def _reserved(rows: pd.DataFrame) -> pd.Series:
     return measured.where(measured.notna(), simulated)
 
 
-def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3):
+def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3, headroom: float = 0.10):
     """Peaks per phase for the planned shape first (the probed configuration nearest the ordered micro-batch and
     seq_len), then the largest others; usable memory of candidate GPUs as labelled lines."""
     plt = _plt()
@@ -106,18 +110,20 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
     has_reserved = bool(_reserved(ok).notna().any())
     simulated = not ok["peak_reserved_bytes"].notna().any()
     top = max(float(ok["peak_allocated_bytes"].max()), float(_reserved(ok).max() if has_reserved else 0),
-              float(marks["usable_bytes"].max()) if len(marks) else 0) / MiB
+              float(marks["usable_bytes"].max()) if len(marks) else 0) / GiB
     for i, (ax, run_id) in enumerate(zip(axes[0], configs)):
         rows = ok[ok["run_id"] == run_id].drop_duplicates("phase", keep="last").set_index("phase").reindex(PHASES)
         x = range(len(PHASES))
-        ax.bar([k - 0.2 for k in x], rows["peak_allocated_bytes"] / MiB, width=0.4, label="allocated peak",
+        ax.bar([k - 0.2 for k in x], rows["peak_allocated_bytes"] / GiB, width=0.4, label="allocated peak",
                color="#4c72b0")
         if has_reserved:
-            ax.bar([k + 0.2 for k in x], _reserved(rows) / MiB, width=0.4, color="#dd8452",
+            ax.bar([k + 0.2 for k in x], _reserved(rows) / GiB, width=0.4, color="#dd8452",
                    label="reserved peak (simulated)" if simulated else "reserved peak")
-        levels = [float(u) / MiB for u in marks["usable_bytes"]]
-        for level in levels:
-            ax.axhline(level, linestyle="--", linewidth=0.8, color="grey")
+        for _, g in marks.iterrows():  # the fit rule's limit (solid) under the usable memory (dotted)
+            ordered_gpu = g["offer"] == rec["offer"]
+            ax.axhline(fit_limit(g, headroom) / GiB, linestyle="-", linewidth=1.4 if ordered_gpu else 0.8,
+                       color="black" if ordered_gpu else "grey")
+            ax.axhline(float(g["usable_bytes"]) / GiB, linestyle=":", linewidth=0.8, color="grey")
         r = rows.dropna(subset=["micro_batch"]).iloc[0]
         tag = "planned shape, nearest probed" if run_id == planned else "probed"
         ck = ", checkpointing on" if bool(r["checkpointing"]) else ", checkpointing off"
@@ -125,26 +131,27 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
         ax.set_title(f"{tag}: mb {int(r['micro_batch'])} × seq {int(r['seq_len'])}\n{r['precision']}{ck}{ranks}",
                      fontsize=FONT)
         ax.set_xticks(list(x), PHASES, rotation=40, ha="right")
-        ax.set_yscale("log")
-        ax.set_ylim(top=top * 1.6)
-    axes[0][0].set_ylabel("MiB (log scale)")
+        ax.set_ylim(0, top * 1.12)
+    axes[0][0].set_ylabel("GiB")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=2, bbox_to_anchor=(0.5, 1.02), frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
-    label_gpus(axes[0][-1], marks, fig)
+    label_gpus(axes[0][-1], marks, fig, headroom)
     why = "" if has_reserved else " There is no reserved bar: these lines carry no reserved figure."
     sim = " Reserved bars are simulated by the model of CUDA's caching allocator." if simulated and has_reserved else ""
     first = ok[ok["run_id"] == planned].iloc[0]
     caption = (f"Peak memory per phase, allocated and reserved side by side (never added); the first panel is the "
                f"probed configuration nearest the planned shape (probed micro-batch {int(first['micro_batch'])} × seq "
                f"{int(first['seq_len'])}; the order runs micro-batch {int(rec['micro_batch'])} × seq "
-               f"{int(rec['seq_len'])} on {rec['gpu']}), the others the largest probed; dashed lines are the usable "
-               f"memory of candidate GPUs, the ordered one among them.{sim} Basis: {_basis(ok)}.{why}")
+               f"{int(rec['seq_len'])} on {rec['gpu']}), the others the largest probed. Per candidate GPU (the "
+               f"ordered one in black): the dotted line is its usable memory, the solid line the most a phase may need "
+               f"and fit by the rule (usable ÷ (1 + {headroom:.0%} headroom) − CUDA context and workspaces).{sim} "
+               f"Basis: {_basis(ok)}.{why}")
     return fig, caption
 
 
-def memory_per_phase(lines: pd.DataFrame, sheet: pd.DataFrame) -> dict:
-    fig, caption = memory_figure(lines, sheet)
+def memory_per_phase(lines: pd.DataFrame, sheet: pd.DataFrame, headroom: float) -> dict:
+    fig, caption = memory_figure(lines, sheet, headroom=headroom)
     return {"svg": _svg(fig), "caption": caption}
 
 
@@ -334,10 +341,11 @@ def decision_picture(sheet: pd.DataFrame, plans: pd.DataFrame) -> dict | None:
     return None if made is None else {"svg": _svg(made[0]), "caption": made[1]}
 
 
-def order_sheet_figures(lines: pd.DataFrame, sheet: pd.DataFrame, plans: pd.DataFrame) -> list[dict]:
+def order_sheet_figures(lines: pd.DataFrame, sheet: pd.DataFrame, plans: pd.DataFrame,
+                        headroom: float = 0.10) -> list[dict]:
     if not available():
         return []
-    figs = [decision_picture(sheet, plans), memory_per_phase(lines, sheet), cost_per_window(plans),
+    figs = [decision_picture(sheet, plans), memory_per_phase(lines, sheet, headroom), cost_per_window(plans),
             max_micro_batch(sheet)]
     return [f for f in figs if f]
 

@@ -334,7 +334,7 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
 
     sweep_orphans(out)
     ctx = build_context(campaign, sheet, plans, budget, lines, catalog, headroom)
-    ctx["figures"] = order_sheet_figures(lines, sheet, plans)
+    ctx["figures"] = order_sheet_figures(lines, sheet, plans, headroom)
     ctx["figures_note"] = "" if available() else "No pictures: install the report extra (pip install 'rentplan[report]')."
     files = {
         "selection.csv": sheet.to_csv(index=False),
