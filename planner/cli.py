@@ -464,7 +464,7 @@ def example_campaign_path(name: str = "lr-comparison.yaml") -> Path:
 
 
 def parse_days(text: str) -> list[int]:
-    days = parse_list(text, positive_int, "--days")
+    days = sorted(set(parse_list(text, positive_int, "--days")))  # a window named twice is one window
     if not days:
         raise InputError("--days needs at least one window, e.g. 3,7,30.")
     return days
@@ -656,16 +656,18 @@ def verify(order_path, ledger_path, skip_pilot):
 # ---------------------------------------------------------------- batch
 
 @cli.command()
-@click.option("--micro-batch", required=True, type=int)
-@click.option("--grad-accum", required=True, type=int)
-@click.option("--replicas", default=1, show_default=True, type=int, help="data-parallel ranks (not model-parallel)")
-@click.option("--examples", default=None, type=int, help="examples in one pass over the data")
-@click.option("--seq-len", default=None, type=int)
+@click.option("--micro-batch", required=True, type=click.IntRange(1, 1 << 20))
+@click.option("--grad-accum", required=True, type=click.IntRange(1, 1 << 20))
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1, 1 << 20),
+              help="data-parallel ranks (not model-parallel)")
+@click.option("--examples", default=None, type=click.IntRange(1, 10**15), help="examples in one pass over the data")
+@click.option("--seq-len", default=None, type=click.IntRange(1, 1 << 20))
 @click.option("--drop-last", is_flag=True)
 @click.option("--compare", default=None, help="another setting, e.g. micro=4,accum=4[,replicas=2]")
 @click.option("--hold", type=click.Choice(["updates", "epochs"]), default="updates", show_default=True,
               help="with --compare: what stays fixed")
-@click.option("--updates", default=None, type=int, help="with --hold updates: the update budget (default: one pass)")
+@click.option("--updates", default=None, type=click.IntRange(1, 10**9),
+              help="with --hold updates: the update budget (default: one pass)")
 @format_option
 @friendly_errors
 def batch(micro_batch, grad_accum, replicas, examples, seq_len, drop_last, compare, hold, updates, fmt):
@@ -675,7 +677,7 @@ def batch(micro_batch, grad_accum, replicas, examples, seq_len, drop_last, compa
     from planner.tools.batching import batch_plan, compare_settings
 
     if compare:
-        df = compare_settings(micro_batch, grad_accum, replicas, compare, hold, examples, updates, seq_len)
+        df = compare_settings(micro_batch, grad_accum, replicas, compare, hold, examples, updates, seq_len, drop_last)
         click.echo(render(df, fmt))
         if fmt in ("table", "markdown"):
             click.echo(df.attrs["summary"] + ". Data replicas multiply examples per update; model parallelism does not.")

@@ -36,7 +36,10 @@ def test_offer_changes_every_output_together(tmp_path, monkeypatch):
     assert "Ordered (you chose it with --offer): aws-h100_sxm-8x (" in out and f"Recommended: {recommended} (" in out
     order = json.loads((tmp_path / "out" / "order.json").read_text())
     assert order["offer"]["id"] == "aws-h100_sxm-8x"
-    assert '(offer "aws-h100_sxm-8x")' in (tmp_path / "out" / "sky.yaml").read_text()
+    assert f'(offer "aws-h100_sxm-8x"; chosen with --offer, rentplan recommends "{recommended}")' in \
+        (tmp_path / "out" / "sky.yaml").read_text()
+    assert order["decision"] == {"chosen_by": "you (--offer)", "recommended": recommended, "verdict": "fits",
+                                 "not_modelled": None}
     assert yaml.safe_load((tmp_path / "out" / "sky.yaml").read_text())["resources"]["accelerators"] == "H100:8"
     md = (tmp_path / "out" / "order_sheet.md").read_text()
     assert "| offer | `aws-h100_sxm-8x` (aws" in md
@@ -162,3 +165,40 @@ def test_a_configuration_the_allocator_holds_is_tight_never_does_not_fit(tmp_pat
     assert row["usable_bytes"] == a100 and row["verdict"] == "tight" and row["micro_batch"] == 1
     assert row["need_bytes"] + row["context_bytes"] <= a100 < (row["need_bytes"] + row["context_bytes"]) * 1.1
     assert 0 <= row["headroom_pct"] < 10  # the margin shown
+
+
+def test_an_offer_that_does_not_fit_or_has_no_time_cannot_be_ordered(tmp_path, monkeypatch):
+    """A helper found: --offer on an offer that does not fit wrote order.json and sky.yaml silently."""
+    from tests.factories import config, pilot_lines, write_ledger
+
+    lines = []
+    for mb in (1, 2):  # 30 GiB at micro-batch 1: a 24 GB card does not hold it
+        cfg = config(micro_batch=mb, seq_len=256, eval_seq_len=256, eval_micro_batch=mb)
+        lines += pilot_lines(cfg, int(30 * 2**30 / 1.15) + mb * 2**20)
+    monkeypatch.chdir(tmp_path)
+    write_ledger(tmp_path / "l.db", lines)
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "out",
+                                 "--offer", "vast-rtx_4090-1x"])
+    assert r.exit_code == 1 and "offer vast-rtx_4090-1x does not fit this campaign" in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_ddp_rank_plans_the_largest_micro_batch_that_fits_with_its_buckets():
+    """A helper found: 8 × A100-40GB called tight at micro-batch 4 while 2 fits with the headroom (a rank adds
+    gradient buckets and NCCL buffers to what one process needs)."""
+    from planner.inputs.catalog import load_catalog
+    from planner.ledger import lines_frame
+    from tests.factories import config, pilot_lines
+
+    lines = []
+    for mb in (1, 2, 4):  # 12 GiB of states + 6 GiB per example
+        cfg = config(micro_batch=mb, seq_len=256, eval_seq_len=256, eval_micro_batch=mb)
+        lines += pilot_lines(cfg, int((12 + 6 * mb) * 2**30 / 1.15), params=1_000_000_000)
+    camp = load_campaign_text(campaign_yaml(effective_batch=32), "t")
+    catalog = load_catalog()
+    offer = next(o for o in catalog.offers if o.gpu == "a100_40gb" and o.gpus_per_instance == 8)
+    from planner.decisions.select import select
+
+    row = select(camp, lines_frame(lines), catalog, offers=[offer]).iloc[0]
+    assert row["strategy"] == "ddp" and row["verdict"] == "fits", (row["verdict"], row["micro_batch"])

@@ -220,3 +220,29 @@ def test_module_workloads_sibling_modules_and_ignored_files_in_folders_all_arriv
     r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "rentplan.db", "--out", "o2",
                                  "--offer", "vast-rtx_4090-1x"])
     assert r.exit_code == 1 and "params.data" in r.output and "nowhere.txt does not exist" in r.output
+
+
+def test_a_workload_module_outside_the_launch_folder_is_refused(tmp_path, monkeypatch):
+    """A helper found: a package.module workload planned from another folder wrote a sky.yaml whose verify could
+    not import it on the machine."""
+    proj = tmp_path / "proj"
+    (proj / "mypkg").mkdir(parents=True)
+    (proj / "mypkg" / "__init__.py").write_text("")
+    (proj / "mypkg" / "wl.py").write_text(WORKLOAD)
+    cfgs = [config(workload="mypkg.wl:make", micro_batch=mb, seq_len=256, eval_seq_len=256, eval_micro_batch=mb)
+            for mb in (1, 2, 4)]
+    write_ledger(proj / "l.db", [x for c in cfgs for x in pilot_lines(c, 100 * 2**20 + c.micro_batch * 2**20)])
+    (proj / "c.yaml").write_text(campaign_yaml(workload="mypkg.wl:make"))
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    monkeypatch.chdir(other)
+    r = CliRunner().invoke(cli, ["plan", "--campaign", str(proj / "c.yaml"), "--ledger", str(proj / "l.db"),
+                                 "--out", "o", "--offer", "vast-rtx_4090-1x"])
+    assert r.exit_code == 1 and "the workload module mypkg.wl is not in the launch folder" in r.output
+    assert not (other / "o").exists()
+    monkeypatch.chdir(proj)  # from the folder that holds it: its package files are mounted by name
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "o",
+                                 "--offer", "vast-rtx_4090-1x"])
+    assert r.exit_code == 0, r.output
+    mounts = yaml.safe_load((proj / "o" / "sky.yaml").read_text())["file_mounts"]
+    assert {"~/sky_workdir/mypkg/__init__.py", "~/sky_workdir/mypkg/wl.py"} <= set(mounts)

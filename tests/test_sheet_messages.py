@@ -74,3 +74,20 @@ def test_a_cap_below_the_weights_says_what_to_do(tmp_path, monkeypatch):
     assert r.exit_code == 1 and "the cap is below the model's own weights" in r.output and "rentplan estimate" in r.output
     r = CliRunner().invoke(cli, ["probe", "--find", "max-micro-batch", "--cap", "2MiB", "--ledger", "f.db", *model])
     assert r.exit_code == 1 and "(micro-batch 1 ended oom)" in r.output and "(1, 'oom')" not in r.output
+
+
+def test_names_cannot_break_the_markdown_sheet(tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    spec = yaml.safe_load(campaign_yaml())
+    spec["variants"][0]["id"] = "<b>v</b>|x"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(spec))
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", standard_ledger(tmp_path / "l.db"),
+                                 "--out", "out"])
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "out" / "order_sheet.md").read_text()
+    assert "<b>" not in md and "&lt;b>v&lt;/b>\\|x" in md
+    plans = md.split("## Plans")[1].split("\n\n")[1]
+    rows = [line for line in plans.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    assert {line.count(" | ") for line in rows} == {8}  # no extra column

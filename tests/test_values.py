@@ -123,3 +123,32 @@ def test_a_campaign_on_a_foreign_sqlite_file_makes_no_run_folder(tmp_path, monke
     r = CliRunner().invoke(cli, ["campaign", "run", "c.yaml", "--ledger", "foreign.db"])
     assert r.exit_code == 1 and "not a rentplan ledger" in r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "foreign.db"]
+
+
+@pytest.mark.parametrize("mutate, says", [
+    (gpu("compute_capability", "٨.٩"), "must be a compute capability like '8.0'"),
+    (gpu("memory_gib_usable", "２４"), "gpus[0].memory_gib_usable: must be a number, got '２４'"),
+    (lambda d: d.__setitem__("schema", "rentplan-catalog/2"), "schema: must be 'rentplan-catalog/1'"),
+])
+def test_look_alike_digits_and_unknown_formats_are_refused(tmp_path, mutate, says):
+    doc = copy.deepcopy(BASE)
+    mutate(doc)
+    path = tmp_path / "cat.yaml"
+    path.write_text(yaml.safe_dump(doc, allow_unicode=True))
+    r = CliRunner().invoke(cli, ["catalog", "validate", str(path)])
+    assert r.exit_code == 1 and says in r.output, r.output
+
+
+def test_ascii_digits_in_options_and_a_window_named_twice_is_one(tmp_path, monkeypatch):
+    from tests.factories import campaign_yaml, standard_ledger
+
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["probe", "--micro-batch", "１", "--ledger", "l.db"])
+    assert r.exit_code == 1 and "must be written in ASCII digits" in r.output
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+    led = standard_ledger(tmp_path / "p.db")
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", led, "--days", "3,3", "--format", "json"])
+    import json
+
+    assert r.exit_code == 0 and {p["days"] for p in json.loads(r.output)["plans"]} == {3}
+    assert len(json.loads(r.output)["plans"]) == len({p["offer"] for p in json.loads(r.output)["plans"]})

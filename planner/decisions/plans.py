@@ -21,7 +21,8 @@ import pandas as pd
 
 from planner.inputs.campaign_spec import Campaign
 from planner.decisions.select import NO_FIT, preference
-from planner.units import fmt_usd
+from planner.errors import InputError
+from planner.units import fmt_bytes, fmt_usd
 
 EPS = 1e-9
 PER_OFFER = 15  # offers in the budget review's table
@@ -135,7 +136,17 @@ def mark_ordered(sheet: pd.DataFrame, offer_id: str | None) -> pd.DataFrame:
     else:
         out["ordered"] = False
         if offer_id != "local":
-            out.loc[offer_row(sheet, offer_id).name, "ordered"] = True
+            row = offer_row(sheet, offer_id)
+            if row["verdict"] == NO_FIT:
+                raise InputError(f"offer {offer_id} does not fit this campaign (need {fmt_bytes(row['need_bytes'])} + "
+                                 f"{fmt_bytes(row['context_bytes'])} context and workspaces > "
+                                 f"{fmt_bytes(row['usable_bytes'])} usable, at micro-batch 1): an order for it would "
+                                 "run out of memory. Order one that fits or is tight (selection.csv), or leave out "
+                                 "--offer for the recommendation.")
+            if pd.isna(row["campaign_cost_usd_high"]):
+                raise InputError(f"offer {offer_id} has no time, so no cost: {row['time_basis']}. Order another "
+                                 "offer, or complete the catalog's figures for its GPU.")
+            out.loc[row.name, "ordered"] = True
     out.attrs = dict(sheet.attrs, ordered_by="you (--offer)" if offer_id else "the recommendation",
                      order_for_this_machine=offer_id == "local")
     return out

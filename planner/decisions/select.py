@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.tools.batching import largest_micro_batch
 from planner.inputs.campaign_spec import Campaign
 from planner.inputs.catalog import Catalog, Gpu, Offer
 from planner.errors import LedgerError, NoFeasibleGpu
@@ -283,9 +282,14 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
     max_mb, mb_extrap = max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len, budget)
     max_seq, seq_extrap = max_seq_len(fam.memory, 1, budget)
-    # nothing fits with the headroom: the largest that fits the usable memory itself is planned, and called tight
+    # nothing fits with the headroom: the largest that fits the usable memory itself is planned, called tight, and
+    # shown as the GPU's max dimension (without the headroom, said so)
     plan_mb = max_mb or max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len,
                                         gpu.usable_bytes - ctx)[0]
+    without_headroom = not max_mb and plan_mb > 0
+    if without_headroom:
+        max_mb = plan_mb
+        max_seq, seq_extrap = max_seq_len(fam.memory, 1, gpu.usable_bytes - ctx)
     plan = choose_strategy(campaign, catalog, gpu, offer, fam, precision, seq, plan_mb, headroom,
                            fams.sharded(precision, offer.gpus_per_instance * offer.nodes))
     need, mb, accum, replicas = plan["need"], plan["micro_batch"], plan["grad_accum"], plan["replicas"]
@@ -298,6 +302,7 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "context_basis": context_basis(catalog, fam, gpu, replicas),
         "headroom_pct": round(100 * (gpu.usable_bytes - need.bytes - ctx) / gpu.usable_bytes, 1),
         "max_micro_batch": max_mb, "max_micro_batch_extrapolated": mb_extrap,
+        "max_dimension_basis": "without the headroom (tight)" if without_headroom else "with the headroom",
         "max_seq_len_at_mb1": max_seq, "max_seq_len_extrapolated": seq_extrap,
         "precision": precision, "micro_batch": mb, "grad_accum": accum, "replicas": replicas,
         "examples_per_update": mb * accum * replicas, "eval_micro_batch": campaign.eval.micro_batch or mb,
@@ -333,8 +338,7 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
     gpus = offer.gpus_per_instance * offer.nodes
     eval_mb_fixed, eval_seq = campaign.eval.micro_batch, campaign.eval.seq_len
 
-    def plan_for(replicas: int) -> dict:
-        mb = largest_micro_batch(campaign.effective_batch, replicas, max(max_mb, 1)) or 1
+    def plan_at(replicas: int, mb: int) -> dict:
         accum = campaign.effective_batch // (mb * replicas)
         need = fam.memory.need(mb, seq, eval_mb_fixed or mb, eval_seq)
         ctx = one_ctx + (NCCL_BYTES if replicas > 1 else 0)
@@ -342,6 +346,20 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
             need = ddp_need(need, gradient_bytes(fam, catalog.fragmentation_factor), accum)
         return {"replicas": replicas, "micro_batch": mb, "grad_accum": accum, "context": ctx,
                 "need": need, "verdict": fit_verdict(need.bytes, ctx, usable, headroom), "notes": []}
+
+    def plan_for(replicas: int) -> dict:
+        """The largest micro-batch that fits with the headroom, else the largest that fits at all (tight), else the
+        smallest; a DDP rank's buckets and NCCL buffers can make a smaller micro-batch than one process's fit."""
+        share = campaign.effective_batch // replicas if campaign.effective_batch % replicas == 0 else 0
+        sizes = [mb for mb in range(min(max(max_mb, 1), share or 1), 0, -1) if share and share % mb == 0] or [1]
+        tight = None
+        for mb in sizes:
+            plan = plan_at(replicas, mb)
+            if plan["verdict"] == FITS:
+                return plan
+            if plan["verdict"] == TIGHT and tight is None:
+                tight = plan
+        return tight or plan_at(replicas, sizes[-1])
 
     one = plan_for(1)
     if gpus == 1:
@@ -506,7 +524,7 @@ def fsdp_plan(campaign, fam: FamilyModels, ctx: float, usable: float, headroom: 
 
 
 TIME_COLUMNS = ("update_s_low", "update_s_point", "update_s_high", "eval_pass_s_low", "eval_pass_s_high", "save_s",
-                "save_basis", "export_s", "export_basis", "time_basis", "train_hours_low", "train_hours_high",
+                "save_basis", "eval_basis", "export_s", "export_basis", "time_basis", "train_hours_low", "train_hours_high",
                 "eval_hours_low", "eval_hours_high", "saves_per_variant", "save_hours", "export_hours",
                 "variant_hours_low", "variant_hours_high", "campaign_hours_low", "campaign_hours_high")
 
@@ -525,6 +543,8 @@ def time_fields(campaign, catalog, gpu, offer, fam: FamilyModels, precision, mb,
         return {**empty, "time_basis": t.basis}
     ev = campaign.eval
     eval_ratio = (ev.examples * ev.seq_len) / (3 * campaign.effective_batch * seq)  # forward only: 1/3 of training
+    eval_basis = (f"{ev.passes(campaign.updates)} evaluation pass(es) of {ev.examples} examples at seq_len {ev.seq_len}, "
+                  f"each timed as a forward pass: a third of a training update's time per token")
     bandwidth, source = ((offer.disk_write_mib_s, "the offer's disk_write_mib_s") if offer.disk_write_mib_s else
                          (catalog.disk_write_mib_s, "catalog default, assumed"))
     same_kind = lambda name: getattr(match_catalog_gpu(str(name), catalog), "id", None) == gpu.id  # noqa: E731
@@ -533,7 +553,7 @@ def time_fields(campaign, catalog, gpu, offer, fam: FamilyModels, precision, mb,
         "update_s_low": t.low_s, "update_s_point": t.point_s, "update_s_high": t.high_s,
         "eval_pass_s_low": t.low_s * eval_ratio, "eval_pass_s_high": t.high_s * eval_ratio,
         "save_s": save.seconds, "save_basis": save.basis, "export_s": export.seconds, "export_basis": export.basis,
-        "time_basis": t.basis,
+        "eval_basis": eval_basis, "time_basis": t.basis,
         **variant_hours(campaign, t.low_s, t.high_s, t.low_s * eval_ratio, t.high_s * eval_ratio, save.seconds,
                         export.seconds),
     }

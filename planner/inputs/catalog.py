@@ -20,6 +20,7 @@ from planner.units import GiB
 from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, Problems, load_yaml_file
 
 TOP_KEYS = {"schema", "defaults", "sources", "gpus", "offers"}
+SCHEMA = "rentplan-catalog/1"
 # Checkpoints and exports are written at this rate where an offer states none and no GPU line of that kind timed
 # them: an assumption (a cloud block volume's sustained write, the low end of what providers list), said as one.
 DISK_WRITE_MIB_S = 200.0
@@ -154,6 +155,8 @@ def parse_catalog(data, source: str) -> Catalog:
         p.add("", "the catalog must be a mapping with gpus: and offers:")
         p.raise_if_any(CatalogError)
     p.unknown_keys("", data, TOP_KEYS)
+    if data.get("schema", SCHEMA) != SCHEMA:
+        p.add("schema", f"must be {SCHEMA!r} (this rentplan's catalog format), got {Problems.show(data['schema'])}")
     defaults = validate(Defaults, data.get("defaults") or {}, p, "defaults")
     sources = data.get("sources") or {}
     if not isinstance(sources, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sources.items()):

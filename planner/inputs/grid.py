@@ -44,6 +44,8 @@ MAX_COUNT = 1 << 20  # micro-batches, sequence lengths, windows: far above any r
 
 
 def positive_int(text: str) -> int:
+    if not str(text).isascii():  # int() reads '１' and '٨' as digits
+        raise ValueError("must be written in ASCII digits")
     v = int(text)
     if not 1 <= v <= MAX_COUNT:
         raise ValueError(f"must be a whole number from 1 to {MAX_COUNT:,}")

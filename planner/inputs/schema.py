@@ -52,8 +52,8 @@ def Whole(**kw):  # noqa: N802
 Label = Annotated[str, _rule("label")]
 Ident = Annotated[str, _rule("ident")]
 Flag = Annotated[bool, _rule("boolean")]
-ComputeCapability = Annotated[str, _matching(r"\d{1,2}\.\d", "a compute capability like '8.0'")]
-CudaVersion = Annotated[str, _matching(r"\d{1,2}(\.\d{1,2}){0,2}", "a CUDA version like '12.1'")]
+ComputeCapability = Annotated[str, _matching(r"[0-9]{1,2}\.[0-9]", "a compute capability like '8.0'")]
+CudaVersion = Annotated[str, _matching(r"[0-9]{1,2}(\.[0-9]{1,2}){0,2}", "a CUDA version like '12.1'")]
 Names = tuple[Label, ...]
 
 

@@ -20,7 +20,7 @@ MAX_YAML_BYTES = 2 * 1024 * 1024  # specs and grids are a few KiB
 MAX_CATALOG_BYTES = 32 * 1024 * 1024
 # libyaml's parser where PyYAML has it (7.7 MiB: 5 s instead of 26 s); the constructors below stay Python.
 _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", re.ASCII)  # '２４' and '٨' are not numbers here
 
 
 class _StrictLoader(_Base):

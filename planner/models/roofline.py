@@ -107,6 +107,22 @@ class Census:
     seq_len: int
     grad_accum: int
 
+    def for_precision(self, precision: str) -> "Census":
+        """The census as the planned precision runs it: autocast's half dtype is bf16 or fp16 by the plan (a
+        bf16 census planned on a V100 runs fp16 there), the same ops and bytes."""
+        half = {"fp16": "float16", "16-true": "float16", "bf16": "bfloat16", "bf16-true": "bfloat16"}.get(precision)
+        if half is None:
+            return self
+        ops = [[k, half if d in ("float16", "bfloat16") else d, f, b, n] for k, d, f, b, n in self.profile["ops"]]
+        return Census(self.target, {**self.profile, "ops": ops}, self.micro_batch, self.seq_len, self.grad_accum)
+
+    def missing_peak(self, gpu: Gpu) -> str | None:
+        """The dtype whose peak the catalog lacks for this GPU (the census then gives no time), or None."""
+        for kind, dtype, flops, _, _ in self.profile["ops"]:
+            if flops and kind in ("matmul", "attention", "conv") and not peak_tflops(gpu, dtype, self.tf32):
+                return dtype
+        return None
+
     @property
     def tf32(self) -> bool:
         return self.profile.get("float32_matmul_precision", "highest") != "highest"

@@ -138,6 +138,10 @@ def update_time(tp: Throughput, gpu: Gpu, precision: str, micro_batch: int, seq_
     """Seconds per optimizer update on `gpu` for the planned configuration (per-GPU compute + collectives).
     micro_batch and grad_accum are per GPU; the replicas share the effective batch."""
     census = tp.census(kernel_target(gpu.compute_capability, gpu.software))
+    census = census.for_precision(precision) if census is not None else None
+    if census is not None and census.missing_peak(gpu):
+        return TimeRange(float("nan"), float("nan"), f"no time: the catalog lists no {census.missing_peak(gpu)} "
+                                                     f"peak for {gpu.id}, which this update's matmuls need")
     src = match_catalog_gpu(tp.device_name, catalog) if tp.device.startswith("cuda") else None
     point = None
     if src is not None and tp.measured_s_per_token is not None and census is not None:

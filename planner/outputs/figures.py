@@ -258,12 +258,16 @@ def decision_figure(sheet: pd.DataFrame, plans: pd.DataFrame, max_labels: int = 
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.4, 4.6))
-    for verdict, g in ok.groupby("verdict"):
+    modelled = ok["unmodelled"].fillna("") == "" if "unmodelled" in ok else pd.Series(True, index=ok.index)
+    groups = [(f"{v} ({len(g)} offers)", g, VERDICT_COLORS.get(v, "grey"), True)
+              for v, g in ok[modelled].groupby("verdict")]
+    if (~modelled).any():  # ROCm GPUs, FSDP sized from one process: never recommended, drawn hollow
+        groups.append((f"not modelled ({int((~modelled).sum())} offers)", ok[~modelled], "grey", False))
+    for label, g, color, filled in groups:
         lo_c, hi_c = g["campaign_cost_usd_low"].astype(float), g["campaign_cost_usd_high"].astype(float)
         lo_h, hi_h = g["campaign_hours_low"].astype(float), g["campaign_hours_high"].astype(float)
         ax.errorbar(hi_c, hi_h, xerr=[hi_c - lo_c, 0 * hi_c], yerr=[hi_h - lo_h, 0 * hi_h], fmt="o", ms=4,
-                    color=VERDICT_COLORS.get(verdict, "grey"), elinewidth=0.7, alpha=0.85,
-                    label=f"{verdict} ({len(g)} offers)")
+                    color=color, mfc=color if filled else "white", elinewidth=0.7, alpha=0.85, label=label)
     days = sorted(int(d) for d in plans["days"].unique()) if len(plans) else []
     top = max(float(ok["campaign_hours_high"].max()), *(24.0 * d for d in days[:1]))
     for d in days:
@@ -299,16 +303,17 @@ def decision_figure(sheet: pd.DataFrame, plans: pd.DataFrame, max_labels: int = 
     ax.set_xlabel("campaign cost (slow end; bar: from the fast end)")
     ax.set_ylabel("campaign hours (slow end; bar: from the fast end)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=FONT - 1)
-    seen, placed = set(), []
-    for r, why in marks:  # names beside the marked offers, stacked so no two cover each other
-        if r["offer"] in seen or len(seen) >= max_labels:
-            continue
-        seen.add(r["offer"])
-        placed.append((r["campaign_cost_usd_high"], r["campaign_hours_high"], f"{r['offer']} ({why})"))
+    reasons: dict = {}
+    for r, why in marks:  # one name per marked offer, with every reason it is marked
+        reasons.setdefault(r["offer"], (r, []))[1].append(why)
+    placed = [(r["campaign_cost_usd_high"], r["campaign_hours_high"], f"{offer} ({'; '.join(why)})")
+              for offer, (r, why) in list(reasons.items())[:max_labels]]
     fig.tight_layout()
     _label_points(ax, fig, placed)
     caption = ("Every offer that fits (or is tight) as a point: the whole campaign's cost against its hours, at the "
-               "slow end of each time range, the bar reaching back to the fast end. Ring: the recommendation; "
+               "slow end of each time range, the bar reaching back to the fast end; hollow: offers whose need leaves "
+               "something unmodelled (ROCm GPUs, FSDP sized from one process), never recommended. Ring: the "
+               "recommendation; "
                "square: the offer ordered with --offer where it differs; ★: the offer each window's plan marks. "
                "Dashed lines: the rental windows. Basis: each offer's time basis in the selection; prices as of each "
                "offer's date.")

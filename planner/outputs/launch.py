@@ -142,7 +142,33 @@ def place_workload(ref: str, base_dir: str, layout: Layout, folder: str) -> str:
             if sibling != path:
                 layout.place(sibling, "a module beside the workload file")
         return f"{_relative_to(layout.place(path, 'the workload file'), folder)}:{func}"
-    return ref  # package.module:function: found on the remote through the working folder (on PYTHONPATH there)
+    if sep:  # package.module:function: found on the machine through the working folder (on PYTHONPATH there)
+        place_module(target, layout)
+    return ref
+
+
+def place_module(target: str, layout: Layout) -> None:
+    """A workload module must sit in the launch folder (the machine's import path is the working folder); its
+    package's __init__ files and the .py files beside it are mounted, so they arrive whatever .gitignore says."""
+    from importlib.machinery import PathFinder
+
+    parts, search, spec = target.split("."), [str(layout.root)], None
+    chain = []
+    for i in range(len(parts)):
+        spec = PathFinder.find_spec(".".join(parts[:i + 1]), search)
+        if spec is not None and spec.origin is None and spec.submodule_search_locations:  # a namespace package
+            search = spec.submodule_search_locations
+            continue
+        if spec is None or not spec.origin:
+            raise InputError(f"the workload module {target} is not in the launch folder {layout.root}: on the "
+                             "machine only that folder is on the import path. Plan from the folder that holds "
+                             "the package, or name the file (path/to/file.py:function).")
+        chain.append(Path(spec.origin))
+        search = spec.submodule_search_locations
+    for init in chain[:-1]:
+        layout.place(init, "the workload's package")
+    for sibling in sorted(chain[-1].parent.glob("*.py")):
+        layout.place(sibling, "the workload module")
 
 
 def place_params(params: dict, base_dir: str, layout: Layout, folder: str) -> dict:

@@ -267,10 +267,17 @@ def order_for(campaign, result, catalog, headroom: float, offer_id: str | None) 
     'local' (this machine)."""
     if offer_id == "local":
         return local_order(campaign, result, headroom)
-    from planner.decisions.plans import ordered
+    from planner.decisions.plans import ordered, recommend
 
     pick = ordered(result.sheet)
-    return None if pick is None else offer_order(campaign, pick, result.lines, catalog, headroom)
+    if pick is None:
+        return None
+    order = offer_order(campaign, pick, result.lines, catalog, headroom)
+    best = recommend(result.sheet)
+    order["decision"] = {"chosen_by": "you (--offer)" if offer_id else "the recommendation",
+                         "recommended": None if best is None else best["offer"], "verdict": pick["verdict"],
+                         "not_modelled": pick["unmodelled"] or None}
+    return order
 
 
 def offer_row(sheet: pd.DataFrame, offer_id: str) -> pd.Series:

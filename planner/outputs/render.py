@@ -44,8 +44,27 @@ def env() -> jinja2.Environment:
     return _ENV
 
 
+def md_text(value) -> str:
+    """Text as a markdown sheet prints it: no HTML tag can open (< escaped) and no table cell can break (|
+    escaped), on one line."""
+    return " ".join(str(value).split()).replace("<", "&lt;").replace("|", "\\|")
+
+
 def render_template(name: str, context: dict) -> str:
-    return env().get_template(name).render(**context)
+    template = env().get_template(name)
+    if name.endswith(".md.j2"):  # every value a markdown sheet prints: escaped for markdown
+        return template.render(**_md_context(context))
+    return template.render(**context)
+
+
+def _md_context(obj):
+    if isinstance(obj, dict):
+        return {k: _md_context(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_md_context(v) for v in obj]
+    if isinstance(obj, str):
+        return md_text(obj)
+    return obj
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -134,9 +153,15 @@ def not_fitting_text(r, catalog: Catalog, headroom: float) -> dict:
     """Why an offer does not fit, on the fit rule's own terms: need + context (+ workspaces) against usable, the
     inequality that really fails (the headroom is the policy on top)."""
     total = float(r["need_bytes"]) + float(r["context_bytes"])
+    show = fmt_bytes if fmt_bytes(total) != fmt_bytes(r["usable_bytes"]) else (lambda b: f"{int(b):,} bytes")
     return {"offer": r["offer"], "need": need_text(r), "usable": fmt_bytes(r["usable_bytes"]),
-            "why": f"need {fmt_bytes(r['need_bytes'])} + {fmt_bytes(r['context_bytes'])} context and workspaces = "
-                   f"{fmt_bytes(total)} > {fmt_bytes(r['usable_bytes'])} usable"}
+            "why": f"need {show(r['need_bytes'])} + {show(r['context_bytes'])} context and workspaces = "
+                   f"{show(total)} > {show(r['usable_bytes'])} usable"}
+
+
+def margin_text(pct: float) -> str:
+    """What is left of the usable memory after need, context and workspaces ('none' when nothing is)."""
+    return "none" if pct < 0 else (f"{pct:.1f}%" if pct < 1 else f"{pct:.0f}%")
 
 
 def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
@@ -148,7 +173,8 @@ def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
             "offer": r["offer"], "gpu": r["gpu"], "provider": r["provider"], "gpus": r["gpus_per_instance"],
             "price": _price(r),
             "usable": fmt_bytes(r["usable_bytes"]), "need": need_text(r), "need_phase": r["need_phase"],
-            "headroom": f"{r['headroom_pct']:.0f}%", "verdict": r["verdict"],
+            "headroom": margin_text(r["headroom_pct"]), "verdict": r["verdict"],
+            "unmodelled": r["unmodelled"] if isinstance(r.get("unmodelled"), str) else "",
             "max_mb": capacity(r["max_micro_batch"], r["max_micro_batch_extrapolated"],
                                r["max_micro_batch"] >= MB_LIMIT, MB_LIMIT),
             "max_seq": capacity(r["max_seq_len_at_mb1"], r["max_seq_len_extrapolated"],
@@ -193,8 +219,9 @@ def hours_by_kind(r) -> str:
     saves = int(r["saves_per_variant"]) if pd.notna(r.get("saves_per_variant")) else 0
     save_each = fmt_seconds(r["save_s"]) if pd.notna(r.get("save_s")) else "not sized"
     export = fmt_seconds(r["export_s"]) if pd.notna(r.get("export_s")) else "not sized"
+    eval_basis = f" ({r['eval_basis']})" if isinstance(r.get("eval_basis"), str) else ""
     return (f"training {_range(_h2s(r['train_hours_low']), _h2s(r['train_hours_high']), fmt_seconds)}; evaluation "
-            f"{_range(_h2s(r['eval_hours_low']), _h2s(r['eval_hours_high']), fmt_seconds)}; {saves} checkpoint "
+            f"{_range(_h2s(r['eval_hours_low']), _h2s(r['eval_hours_high']), fmt_seconds)}{eval_basis}; {saves} checkpoint "
             f"save(s) of {save_each} each ({r['save_basis']}); export {export} ({r['export_basis']})")
 
 
@@ -216,7 +243,7 @@ def order_context(rec: pd.Series, sheet: pd.DataFrame, lines: pd.DataFrame) -> d
         "gpus": int(rec["gpus_per_instance"]), "price": _price(rec), "strategy_why": rec["strategy_why"],
         "chosen": chosen, "unmodelled": rec["unmodelled"] or "",
         "usable": fmt_bytes(rec["usable_bytes"]), "need": row["need"],
-        "need_phase": rec["need_phase"], "need_basis": rec["need_basis"], "headroom": f"{rec['headroom_pct']:.0f}%",
+        "need_phase": rec["need_phase"], "need_basis": rec["need_basis"], "headroom": margin_text(rec["headroom_pct"]),
         "max_mb": row["max_mb"], "max_seq": row["max_seq"], "precision": rec["precision"],
         "mb": int(rec["micro_batch"]), "accum": int(rec["grad_accum"]), "replicas": int(rec["replicas"]),
         "examples_per_update": int(rec["examples_per_update"]), "strategy": rec["strategy_label"],

@@ -143,8 +143,11 @@ def sky_yaml(order: dict, launch: Launch, checkpoint_bytes: int | None = None, e
              rentplan_source: str | None = None, runs: int = 1) -> str:
     task = sky_task(order, launch, checkpoint_bytes, export_bytes, rentplan_source, runs)
     # names in the comment as JSON strings (ASCII, escaped): nothing in them can end the comment line
+    decision = order.get("decision") or {}
+    chosen = ("; chosen with --offer, rentplan recommends " + json.dumps(str(decision.get("recommended")))
+              if str(decision.get("chosen_by", "")).startswith("you") else "; rentplan's recommendation")
     head = (f"# SkyPilot task for the rentplan order of {json.dumps(str(order['campaign']))} "
-            f"(offer {json.dumps(str(order['offer']['id']))}).\n"
+            f"(offer {json.dumps(str(order['offer']['id']))}{chosen}).\n"
             "# Launch from the folder rentplan plan ran in: sky launch -c rentplan THIS_FILE\n")
     return head + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=1000, allow_unicode=False)
 

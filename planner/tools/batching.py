@@ -48,6 +48,18 @@ def batch_plan(micro_batch: int, grad_accum: int, replicas: int = 1, examples: i
     return BatchPlan(micro_batch, grad_accum, replicas, per_update, examples, updates, full, last, dropped, tokens, how)
 
 
+def _examples_seen(bp: BatchPlan, n_updates: int) -> int:
+    """Examples n_updates see, pass after pass: full updates hold examples_per_update, each pass's last partial
+    update its remainder (none with --drop-last)."""
+    if not bp.examples or not bp.updates_per_pass:
+        return n_updates * bp.examples_per_update
+    passes, rest = divmod(n_updates, bp.updates_per_pass)
+    per_pass = bp.full_updates * bp.examples_per_update + (bp.last_update_examples or 0)
+    partial = min(rest, bp.full_updates) * bp.examples_per_update + (
+        bp.last_update_examples if rest > bp.full_updates else 0)
+    return passes * per_pass + partial
+
+
 def accumulation_for(effective_batch: int, micro_batch: int, replicas: int = 1) -> int:
     """grad_accum that keeps the effective batch; refuses when it would not be whole."""
     per_step = micro_batch * replicas
@@ -78,6 +90,8 @@ def _parse_setting(text: str) -> dict[str, int]:
              "replicas": "replicas"}.get(k.strip())
         if k is None:
             raise InputError(f"--compare {text!r}: keys are micro, accum, replicas.")
+        if k in out:
+            raise InputError(f"--compare {text!r}: {part.split('=')[0].strip()} is given twice.")
         try:
             out[k] = int(v)
         except ValueError:
@@ -88,20 +102,22 @@ def _parse_setting(text: str) -> dict[str, int]:
 
 
 def compare_settings(micro_batch: int, grad_accum: int, replicas: int, other: str, hold: str,
-                     examples: int | None, updates: int | None, seq_len: int | None):
-    """Two settings side by side: what stays fixed and what changes under --hold updates|epochs."""
+                     examples: int | None, updates: int | None, seq_len: int | None, drop_last: bool = False):
+    """Two settings side by side: what stays fixed and what changes under --hold updates|epochs. Examples seen
+    count what each update really holds (a last partial update its own examples; --drop-last drops them)."""
     import pandas as pd
 
     b = {"micro_batch": micro_batch, "grad_accum": grad_accum, "replicas": replicas}
     o = {**b, **_parse_setting(other)}
     rows = []
     for name, s in (("current", b), ("compare", o)):
-        bp = batch_plan(s["micro_batch"], s["grad_accum"], s["replicas"], examples, seq_len)
+        bp = batch_plan(s["micro_batch"], s["grad_accum"], s["replicas"], examples, seq_len, drop_last)
         if hold == "updates":
-            n_updates = updates or (batch_plan(**b, examples=examples).updates_per_pass if examples else None)
+            base = batch_plan(**b, examples=examples, drop_last=drop_last) if examples else None
+            n_updates = updates or (base.updates_per_pass if base else None)
         else:
             n_updates = bp.updates_per_pass
-        seen = n_updates * bp.examples_per_update if n_updates else None
+        seen = _examples_seen(bp, n_updates) if n_updates else None
         rows.append({"setting": name, **s, "examples_per_update": bp.examples_per_update, "updates": n_updates,
                      "examples_seen": seen, "passes": round(seen / examples, 3) if seen and examples else None})
     df = pd.DataFrame(rows)
