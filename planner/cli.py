@@ -286,7 +286,8 @@ def run_find(spec: GridSpec, find: str, ledger_path: str, fmt: str) -> None:
         raise InputError(f"not even the smallest {what} ran under the cap {spec.cap}{first}: the cap is below what "
                          "the model needs at its smallest. Give a larger GPU or size (`rentplan catalog list`), or "
                          "size it without a cap: `rentplan estimate`.")
-    bracket = f"; {res.failed_above} failed" if res.failed_above else " (no failure up to the search limit)"
+    bracket = (f"; {res.failed_above} failed" if res.failed_above else
+               f" ({res.bound}; no failure up to it)" if res.bound else " (no failure up to the search limit)")
     click.echo(f"largest {what} that ran under cap {spec.cap}: {res.best}{bracket}. "
                f"{res.real_probes} real probe(s) after {res.estimate_probes} estimate(s).")
 

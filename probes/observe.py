@@ -39,6 +39,7 @@ from probes.census import OpCensus, census_fields, precision_flags
 from probes.checkpoint import dir_size
 from probes.memory import LiveTensorTracker, PhaseMeter
 from probes.pilot import cuda_allocator_model, environment, is_oom, last_line
+from probes.positions import position_limit
 
 DEFAULT_STEADY_UPDATES = 8
 
@@ -139,6 +140,7 @@ class PhaseRecorder:
             "param_count": sum(p.numel() for p in params),
             "trainable_param_count": sum(p.numel() for p in params if p.requires_grad),
             "param_bytes": sum(p.numel() * p.element_size() for p in params),
+            **dict(zip(("position_limit", "position_limit_basis"), position_limit(None, model))),
             "detail": f"the model as the {self.source} loop built it (setup time not measured)",
         }
         if self.want_census and (planned_updates is None or planned_updates >= 3):

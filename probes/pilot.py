@@ -28,6 +28,7 @@ from probes.kernels import target_kernels
 from probes import checkpoint
 from probes.loop import NonFinite, Trainer
 from probes.memory import LiveTensorTracker, PhaseMeter
+from probes.positions import position_limit
 from probes.workloads import load_workload
 
 Emit = Callable[[str, object], None]
@@ -195,7 +196,9 @@ class Pilot:
     def setup(self) -> dict:
         self.trainer = self.new_trainer()
         params = list(self.trainer.model.parameters())
+        limit, basis = position_limit(self.workload, self.trainer.model)
         return {
+            "position_limit": limit, "position_limit_basis": basis,
             "param_count": sum(p.numel() for p in params),
             "trainable_param_count": sum(p.numel() for p in params if p.requires_grad),
             "param_bytes": sum(_local_bytes(p) for p in params),  # this rank's share when sharded

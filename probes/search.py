@@ -29,6 +29,7 @@ class SearchResult:
     real_probes: int
     estimate_probes: int
     tried: list[tuple[int, str]] = field(default_factory=list)  # (size, ok|oom|...) in order
+    bound: str = ""  # what stopped the search short of its limit besides memory (the model's position limit)
 
 
 def _configs(base: ProbeConfig, dimension: str, size: int, mode: str) -> ProbeConfig:
@@ -68,6 +69,7 @@ def find_max(spec: GridSpec, dimension: str, ledger: str, limit: int = 4096, max
             cfg = dataclasses.replace(cfg, cap="", cap_bytes=None, device="cpu")
         out = run_grid([cfg], ledger, retry_failed=True, progress=progress)
         seen.extend(out.lines)
+        _bound_by_positions(out.lines)
         mine = out.frame()
         ok = _verdict(mine) == "ok"
         if mode == "estimated":
@@ -78,6 +80,16 @@ def find_max(spec: GridSpec, dimension: str, ledger: str, limit: int = 4096, max
         res.real_probes += 1
         res.tried.append((size, _verdict(mine)))
         return ok, lines_frame(seen)
+
+    def _bound_by_positions(lines: list[Line]) -> None:
+        """A sequence search stops at the model's position limit: longer inputs would index past its table."""
+        nonlocal limit
+        if dimension != "max-seq-len":
+            return
+        for ln in lines:
+            if ln.phase == "setup" and ln.position_limit and ln.position_limit < limit:
+                limit = ln.position_limit
+                res.bound = f"the model's position limit ({ln.position_limit_basis})"
 
     def predict(df: pd.DataFrame) -> int:
         model = build_model(df, 1.0)  # the need rule: simulated reserved, as the cap counts it
@@ -94,9 +106,13 @@ def find_max(spec: GridSpec, dimension: str, ledger: str, limit: int = 4096, max
         lo, hi = (size, hi) if fits else (lo, size)
         size = _inside(predict(df), lo, hi, step) if hi is not None else size * 4
     # 2) Real probes at the predicted edge: confirm it runs and that one step more does not.
-    guess = lo or step
+    guess = min(lo or step, limit)
     lo, hi = 0, None
-    while res.real_probes < max_real and guess <= limit:
+    while res.real_probes < max_real:
+        if guess > limit:  # past the model's position limit: the limit itself is the last size to try
+            if lo >= limit:
+                break
+            guess = limit
         ok, df = run(guess, "measured")
         lo, hi = (guess, hi) if ok else (lo, guess)
         if hi is not None and hi - lo <= step:

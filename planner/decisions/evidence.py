@@ -31,7 +31,8 @@ SHAPE = ["micro_batch", "seq_len", "eval_micro_batch", "eval_seq_len"]
 CONFIG = ["workload", "params_json", "precision", "optimizer", "checkpointing", "mode", "device", "device_name",
           "target", "cap", "strategy", "world_size", "grad_accum", "torch_version", "cuda_version", *SHAPE]
 FACTS = {"setup": {"param_count": "param_count", "trainable_param_count": "trainable_param_count",
-                   "param_bytes": "param_bytes"},
+                   "param_bytes": "param_bytes", "position_limit": "position_limit",
+                   "position_limit_basis": "position_limit_basis"},
          "first_step": {"optimizer_state_bytes": "optimizer_state_bytes", "flops_per_update": "flops_first_step"},
          "steady": {"update_s": "update_s", "flops_per_update": "flops_per_update",
                     "ops_per_update": "ops_per_update", "op_profile_json": "op_profile_json"},
@@ -109,6 +110,18 @@ class Evidence:
     def nearest(self) -> pd.Series:
         """The chosen run nearest the campaign's shape that has a steady line (times come from it)."""
         return self.facts.iloc[0]
+
+    @property
+    def position_limit(self) -> tuple[int | None, str]:
+        """The longest sequence the model takes, as its runs' setup lines read it (the smallest if they differ),
+        and where that was read; (None, '') when no run states one."""
+        if "position_limit" not in self.facts:
+            return None, ""
+        limits = pd.to_numeric(self.facts["position_limit"], errors="coerce").dropna()
+        if limits.empty:
+            return None, ""
+        run = limits.idxmin()
+        return int(limits[run]), str(self.facts.loc[run, "position_limit_basis"] or "")
 
     def describe(self) -> str:
         cap = "; capped runs (no uncapped run of this family)" if self.capped else ""

@@ -18,7 +18,8 @@ from planner.errors import LedgerError, NoFeasibleGpu
 from planner.decisions.evidence import Evidence, choose, run_facts
 from planner.decisions.selfcheck import estimate_check
 from planner.models.kernels import kernel_target
-from planner.models.memory_model import MemoryModel, Need, allocated_factor, build_model, max_micro_batch, max_seq_len
+from planner.models.memory_model import (SEQ_LIMIT, MemoryModel, Need, allocated_factor, build_model, max_micro_batch,
+                                         max_seq_len)
 from planner.models.overheads import CONV_ALLOWANCE, NCCL_BYTES, conv_note, has_convolutions, workspace_bytes
 from planner.models.overheads import describe as describe_workspace
 from planner.models.timing import Throughput, TimeRange, throughput, update_time
@@ -281,7 +282,9 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     ctx = catalog.context_bytes + outside_bytes(fam, gpu)
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
     max_mb, mb_extrap = max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len, budget)
-    max_seq, seq_extrap = max_seq_len(fam.memory, 1, budget)
+    positions, positions_basis = fam.evidence.position_limit
+    seq_limit = min(SEQ_LIMIT, positions or SEQ_LIMIT)
+    max_seq, seq_extrap = max_seq_len(fam.memory, 1, budget, seq_limit)
     # nothing fits with the headroom: the largest that fits the usable memory itself is planned, called tight, and
     # shown as the GPU's max dimension (without the headroom, said so)
     plan_mb = max_mb or max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len,
@@ -289,12 +292,14 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     without_headroom = not max_mb and plan_mb > 0
     if without_headroom:
         max_mb = plan_mb
-        max_seq, seq_extrap = max_seq_len(fam.memory, 1, gpu.usable_bytes - ctx)
+        max_seq, seq_extrap = max_seq_len(fam.memory, 1, gpu.usable_bytes - ctx, seq_limit)
     plan = choose_strategy(campaign, catalog, gpu, offer, fam, precision, seq, plan_mb, headroom,
                            fams.sharded(precision, offer.gpus_per_instance * offer.nodes))
     need, mb, accum, replicas = plan["need"], plan["micro_batch"], plan["grad_accum"], plan["replicas"]
     ctx = plan["context"]
-    notes = [n for n in (fam.note, why, *plan["notes"]) if n]
+    too_long = (f"the campaign's sequence length {seq:,} is past the model's position limit {positions:,} "
+                f"({positions_basis})" if positions and seq > positions else "")
+    notes = [n for n in (too_long, fam.note, why, *plan["notes"]) if n]
     row = {
         "gpu": gpu.id, "gpus_per_instance": offer.gpus_per_instance, "nodes": offer.nodes,
         "network": offer.network, "usable_bytes": gpu.usable_bytes, "need_bytes": int(need.bytes), "need_phase": need.phase,
@@ -304,6 +309,9 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "max_micro_batch": max_mb, "max_micro_batch_extrapolated": mb_extrap,
         "max_dimension_basis": "without the headroom (tight)" if without_headroom else "with the headroom",
         "max_seq_len_at_mb1": max_seq, "max_seq_len_extrapolated": seq_extrap,
+        "max_seq_len_bound": (f"the model's position limit ({positions_basis})"
+                              if positions and max_seq >= positions else
+                              "the search limit" if max_seq >= SEQ_LIMIT else "memory"),
         "precision": precision, "micro_batch": mb, "grad_accum": accum, "replicas": replicas,
         "examples_per_update": mb * accum * replicas, "eval_micro_batch": campaign.eval.micro_batch or mb,
         "seq_len": seq, "strategy": plan["kind"], "strategy_label": plan["label"], "strategy_why": plan["why"], "verdict": plan["verdict"],

@@ -246,11 +246,17 @@ def max_micro_batch(model: MemoryModel, seq_len: int, eval_micro_batch: int | No
 
 def max_seq_len(model: MemoryModel, micro_batch: int, budget_bytes: float, limit: int = SEQ_LIMIT,
                 multiple: int = 64) -> tuple[int, bool]:
-    """Largest seq_len (a multiple of `multiple`) that fits at micro_batch, eval at the same shape."""
-    lo, hi = 0, limit // multiple
+    """Largest seq_len that fits at micro_batch, eval at the same shape: a multiple of `multiple`, or the limit
+    itself (a model's position limit need not be a multiple)."""
+    def fits(seq: int) -> bool:
+        return model.need(micro_batch, seq, micro_batch, seq).bytes <= budget_bytes
+
+    if fits(limit):
+        return limit, model.need(micro_batch, limit, micro_batch, limit).extrapolated
+    lo, hi = 0, (limit - 1) // multiple
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if model.need(micro_batch, mid * multiple, micro_batch, mid * multiple).bytes <= budget_bytes:
+        if fits(mid * multiple):
             lo = mid
         else:
             hi = mid - 1

@@ -127,6 +127,16 @@ def capacity(value, extrapolated: bool, at_limit: bool, limit: int) -> str:
     return f"{value}{'*' if extrapolated else ''}"
 
 
+def seq_capacity(r) -> str:
+    """The max sequence at micro-batch 1, and the model's position limit when that, not memory, bounds it."""
+    bound = r.get("max_seq_len_bound")
+    if isinstance(bound, str) and bound.startswith("the model's"):
+        return f"{int(r['max_seq_len_at_mb1']):,} ({bound})"
+    from planner.models.memory_model import SEQ_LIMIT
+    return capacity(r["max_seq_len_at_mb1"], r["max_seq_len_extrapolated"], r["max_seq_len_at_mb1"] >= SEQ_LIMIT,
+                    SEQ_LIMIT)
+
+
 def need_text(r) -> str:
     return f"{fmt_bytes(r['need_bytes'])}{'*' if r['need_extrapolated'] else ''}"
 
@@ -165,7 +175,7 @@ def margin_text(pct: float) -> str:
 
 
 def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
-    from planner.models.memory_model import MB_LIMIT, SEQ_LIMIT
+    from planner.models.memory_model import MB_LIMIT
 
     out = []
     for _, r in sheet.iterrows():
@@ -177,8 +187,7 @@ def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
             "unmodelled": r["unmodelled"] if isinstance(r.get("unmodelled"), str) else "",
             "max_mb": capacity(r["max_micro_batch"], r["max_micro_batch_extrapolated"],
                                r["max_micro_batch"] >= MB_LIMIT, MB_LIMIT),
-            "max_seq": capacity(r["max_seq_len_at_mb1"], r["max_seq_len_extrapolated"],
-                                r["max_seq_len_at_mb1"] >= SEQ_LIMIT, SEQ_LIMIT),
+            "max_seq": seq_capacity(r),
             "precision": r["precision"], "mb": r["micro_batch"], "accum": r["grad_accum"], "replicas": r["replicas"],
             "strategy": r["strategy_label"], "strategy_why": r["strategy_why"],
             "update_time": time_text(r),
