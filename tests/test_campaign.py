@@ -151,3 +151,26 @@ def test_planner_uses_observed_times_when_a_campaign_ran_on_that_gpu(tmp_path):
     assert all(r["update_s_high"] == 0.25 for r in h100)
     other = [r for r in rows if r["gpu"] == "l4"]
     assert other and not other[0]["time_basis"].startswith("observed")
+
+
+def test_the_report_reads_at_1200_px_with_short_ids_linear_axes_and_one_legend(campaign_dir, tmp_path):
+    """Issue 27: the report of a campaign with a diverged retry fits 1,200 px in a real browser, no cell runs past
+    6 lines, each sha256 shows 10 digits (the whole in a tooltip and in runs.csv), the loss axes are linear
+    (the divergence clipped and said), and one legend serves both panels."""
+    import re
+    from pathlib import Path
+
+    from tests.browser import layout_problems
+
+    d, led, out = campaign_dir
+    run("campaign", "report", "--ledger", led, "--out", str(d / "rep1200"))
+    page = Path(d / "rep1200" / "report.html")
+    html = page.read_text()
+    shown = re.sub(r'title="[^"]*"', "", html)
+    assert not re.search(r"[0-9a-f]{64}", shown) and re.search(r'title="model sha256 [0-9a-f]{64}"', html)
+    assert re.search(r"model sha256 [0-9a-f]{64}", (d / "rep1200" / "runs.csv").read_text())
+    svg = (d / "rep1200" / "curves.svg").read_text()
+    assert svg.count('id="legend_') == 1
+    assert "10^" not in svg and "×10" not in svg and "10<sup>" not in svg  # no log ticks
+    assert "off the top of the axis (▲): lr-double (lr 10000) reached" in html
+    assert layout_problems(page, tmp_path, 1200, max_cell_lines=6) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pandas as pd
 from planner import __version__
 from planner.errors import InputError, LedgerError
 from planner.ledger import Ledger
+from planner.units import fmt_seconds, fmt_usd
 
 
 def _config(run) -> dict:
@@ -233,32 +235,50 @@ def _target_words(variants: pd.DataFrame) -> str:
     return f"{t['metric']} at most {t['max_worse'] * 100:g} % {word} than the control's seed mean"
 
 
-def curves_figure(runs: pd.DataFrame, metrics: pd.DataFrame, fmt: str = "svg") -> bytes:
-    """Training and validation loss per run; a diverged run's curve ends where it stopped."""
+def curves_figure(runs: pd.DataFrame, metrics: pd.DataFrame, fmt: str = "svg") -> tuple[bytes, list[str]]:
+    """Training and validation loss per run on linear axes, one legend for both panels. A diverged run's curve
+    ends where it stopped; losses far above every run's first loss (a divergence) are clipped to the top of the
+    axis and said in words, so the runs that learn stay readable."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    plt.rcParams.update({"svg.fonttype": "none"})  # text stays text: selectable, and measurable in a browser
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
+    train = metrics[metrics["kind"] == "train"]
+    firsts = train.sort_values("update_no").groupby("run_id")["loss"].first()
+    vals = metrics[metrics["kind"] == "val"]["loss"]
+    finite = pd.concat([firsts, vals]).replace([math.inf, -math.inf], math.nan).dropna()
+    top = 1.25 * float(finite.max()) if len(finite) else None  # above every first loss: a divergence
+    clipped = []
     for r in runs.itertuples():
         m = metrics[metrics["run_id"] == r.run_id]
-        label = f"{r.variant} (lr {r.lr:g}, seed {r.seed}) {r.run_id}"
+        label = f"{r.variant} · lr {r.lr:g} · seed {r.seed} · {r.run_id}"
         tr, va = m[m["kind"] == "train"], m[m["kind"] == "val"]
-        ax1.plot(tr["update_no"], tr["loss"], label=label, linewidth=1)
-        ax2.plot(va["update_no"], va["loss"], marker="o", label=label, linewidth=1)
+        line, = ax1.plot(tr["update_no"], tr["loss"].clip(upper=top) if top else tr["loss"], label=label,
+                         linewidth=1)
+        ax2.plot(va["update_no"], va["loss"], marker="o", color=line.get_color(), linewidth=1)
+        above = tr[tr["loss"] > top] if top else tr.iloc[0:0]
+        if len(above):
+            first = above.iloc[0]
+            ax1.plot([first["update_no"]], [top], marker="^", color=line.get_color())
+            clipped.append(f"{r.variant} (lr {r.lr:g}) reached {first['loss']:.3g} at update {int(first['update_no'])}")
     for ax, title in ((ax1, "training loss (measured)"), (ax2, "validation loss (measured)")):
         ax.set_xlabel("update")
         ax.set_ylabel("loss")
         ax.set_title(title)
-        ax.set_yscale("log")
         ax.grid(alpha=0.3)
-    ax2.legend(fontsize=7)
-    fig.tight_layout()
+    if top:
+        ax1.set_ylim(top=top * 1.02)
+    if clipped:
+        ax1.set_title("training loss (measured; ▲ = off the axis)")
+    n = len(runs)
+    fig.legend(loc="outside lower center", ncol=min(3, max(n, 1)), fontsize=8, frameon=False)
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt)
     plt.close(fig)
-    return buf.getvalue()
+    return buf.getvalue(), clipped
 
 
 def campaign_frames(ledger_path: str, name: str | None):
@@ -273,26 +293,77 @@ def campaign_frames(ledger_path: str, name: str | None):
     return runs, events, metrics, notes
 
 
+SHA = re.compile(r"\b([0-9a-f]{10})[0-9a-f]{30,}\b")
+VARIANT_COLUMNS = {  # the report's columns: the rest stays in variants.csv
+    "variant": "variant", "changes": "changes", "seeds": "seeds", "status": "status", "updates": "updates",
+    "comparable": "comparable", "quality": "quality", "final val loss (mean ± spread)": None,
+    "best_val_loss_mean": "best val loss", "final_val_accuracy_mean": "val accuracy", "hours": "hours",
+    "cost_usd": "cost (USD)"}
+RUN_COLUMNS = {"run_id": "run", "variant": "variant", "seed": "seed", "lr": "lr", "attempt": "attempt",
+               "status": "status", "detail": "detail", "updates": "updates", "final_val_loss": "final val loss",
+               "seconds": "billed s", "setup_s": "setup s", "device": "device"}
+
+
+WRAP = {"status", "detail", "quality", "changes", "comparable"}  # sentences: wrapped; the rest on one line
+DURATION = {"hours": 3600.0, "seconds": 1.0, "setup_s": 1.0}  # shown as durations (1.2 s, 3 min, 2.5 h)
+
+
+def _cell(v, key: str = "") -> dict:
+    """A table cell: the text shown, and the whole text as a tooltip where it was shortened (a sha256)."""
+    wrap = key in WRAP
+    if v is None or (isinstance(v, float) and v != v):
+        return {"text": "", "title": "", "wrap": wrap}
+    if key in DURATION:
+        return {"text": fmt_seconds(float(v) * DURATION[key]), "title": "", "wrap": wrap}
+    if key == "cost_usd":
+        return {"text": fmt_usd(float(v)), "title": "", "wrap": wrap}
+    if isinstance(v, float):
+        return {"text": f"{v:.4g}", "title": "", "wrap": wrap}
+    text = str(v)
+    short = SHA.sub(lambda m: m.group(1) + "…", text)
+    return {"text": short, "title": text if short != text else "", "wrap": wrap}
+
+
+def _cells(df: pd.DataFrame, columns: dict) -> tuple[list[str], list[list[dict]]]:
+    rows = []
+    for r in df.to_dict(orient="records"):
+        row = []
+        for key in columns:
+            if key == "final val loss (mean ± spread)":
+                mean, spread = r.get("final_val_loss_mean"), r.get("final_val_loss_spread")
+                row.append(_cell(None if mean is None or mean != mean else
+                                 f"{mean:.4g} ± {spread:.2g}" if spread is not None and spread == spread
+                                 else f"{mean:.4g}"))
+            else:
+                row.append(_cell(r.get(key), key))
+        rows.append(row)
+    return [label or key for key, label in columns.items()], rows
+
+
 def write_campaign_report(out: Path, runs, table, variants, metrics, notes, said) -> list[Path]:
-    """report.html, curves.svg/.png and runs.csv in out; returns what it wrote."""
+    """report.html (fits 1,200 px: the deciding columns, short ids with the full text as a tooltip),
+    curves.svg/.png, and runs.csv and variants.csv with every column in full; returns what it wrote."""
     table = table.drop(columns=["outcome", "control", "quality_target"], errors="ignore")
     variants = variants.drop(columns=["outcome", "all_finished"], errors="ignore")
     from datetime import datetime, timezone
 
     from planner.outputs.render import atomic_write, render_template
-    
+
     out.mkdir(parents=True, exist_ok=True)
-    svg = curves_figure(runs, metrics, "svg").decode()
-    (out / "curves.png").write_bytes(curves_figure(runs, metrics, "png"))
+    svg, clipped = curves_figure(runs, metrics, "svg")
+    svg = svg.decode()
+    (out / "curves.png").write_bytes(curves_figure(runs, metrics, "png")[0])
     atomic_write(out / "curves.svg", svg)
-    show = lambda df: [[("" if v is None or (isinstance(v, float) and v != v) else
-                         (f"{v:.4g}" if isinstance(v, float) else v)) for v in row] for row in df.values.tolist()]
+    variant_columns, variant_rows = _cells(variants, {k: v for k, v in VARIANT_COLUMNS.items()
+                                                      if k in variants or k.startswith("final val loss")})
+    run_columns, run_rows = _cells(table, {k: v for k, v in RUN_COLUMNS.items() if k in table})
     ctx = {"campaign": ", ".join(sorted(set(runs["campaign"]))), "version": __version__,
            "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "n_runs": len(table),
-           "conclusion": said, "variant_columns": list(variants.columns), "variants": show(variants),
-           "run_columns": list(table.columns), "runs": show(table), "svg": svg[svg.find("<svg"):],
-           "devices": ", ".join(sorted(set(runs["device_name"]))),
+           "conclusion": said, "variant_columns": variant_columns, "variants": variant_rows,
+           "run_columns": run_columns, "runs": run_rows, "svg": svg[svg.find("<svg"):],
+           "devices": ", ".join(sorted(set(runs["device_name"]))), "clipped": clipped,
            "notes": notes.to_dict(orient="records")}
     atomic_write(out / "report.html", render_template("campaign_report.html.j2", ctx))
     table.to_csv(out / "runs.csv", index=False)
-    return [out / name for name in ("report.html", "curves.svg", "curves.png", "runs.csv")]
+    variants.to_csv(out / "variants.csv", index=False)
+    return [out / name for name in ("report.html", "curves.svg", "curves.png", "runs.csv", "variants.csv")]
