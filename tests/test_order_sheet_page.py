@@ -30,7 +30,8 @@ def page(tmp_path_factory):
 def test_every_figure_is_inline_svg_with_a_caption(page):
     html = page.read_text()
     figures = re.findall(r"<figure class=\"chart\">(.*?)</figure>", html, re.S)
-    assert len(figures) == 3  # the decision, memory, max micro-batch; no cost picture when windows cost alike
+    assert len(figures) == 4  # the decision, the plans' timelines, memory, max micro-batch; no cost picture when
+    # windows cost alike
     for fig in figures:
         assert fig.lstrip().startswith("<svg") and "</svg>" in fig
         caption = re.search(r"<figcaption>(.*?)</figcaption>", fig, re.S).group(1)
@@ -55,7 +56,7 @@ def test_page_loads_in_headless_chromium_with_every_picture(page, tmp_path):
     assert not errors
     dom = subprocess.run(flags + ["--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
     figures = dom.count("<figcaption>")
-    assert dom.count("<svg") >= figures >= 2  # the browser parsed every picture (no cost picture: windows alike)
+    assert dom.count("<svg") >= figures >= 3  # the browser parsed every picture (no cost picture: windows alike)
     assert "planned shape" in dom  # the memory picture's first panel, as text in the SVG
     assert re.search(r"<th>unverified catalog fields</th>", dom)
     if os.environ.get("RENTPLAN_SCREENSHOT"):  # keep a copy only where asked (e.g. for the README picture)
@@ -70,3 +71,35 @@ def test_the_sheet_reads_at_800_and_1400_px_with_no_text_over_text(page, tmp_pat
     keep = os.environ.get("RENTPLAN_SCREENSHOT_DIR")
     if keep:
         screenshot(page, tmp_path, width, Path(keep) / f"order-sheet-{width}.png")
+
+
+def test_the_plans_timeline_shows_each_window_and_what_a_variant_holds(tmp_path):
+    """From the user's steps: plan a campaign that saves checkpoints; the sheet draws each window's ★ plan as a
+    timeline and its caption gives every part of a variant a nonzero, sourced time (saves and export included)."""
+    ledger = standard_ledger(tmp_path / "l.db")
+    camp = tmp_path / "c.yaml"
+    camp.write_text(campaign_yaml(updates=1_500_000, save_every_updates=100_000))
+    r = CliRunner().invoke(cli, ["plan", "--campaign", str(camp), "--ledger", ledger, "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    html = (tmp_path / "o" / "order_sheet.html").read_text()
+    (fig,) = [f for f in re.findall(r'<figure class="chart">(.*?)</figure>', html, re.S) if "as timelines" in f]
+    for d in (3, 7, 30):
+        assert f"{d} days · ★ " in fig
+    parts = re.search(r"each variant ([\d.]+) h = training ([\d.]+) h, evaluation ([\d.]+) min, (\d+) checkpoint "
+                      r"save\(s\) ([\d.]+) (ms|s), export ([\d.]+) (ms|s)", fig)
+    assert parts, fig[-900:]
+    assert int(parts.group(4)) == 14 and float(parts.group(5)) > 0 and float(parts.group(7)) > 0
+    assert "missing" not in fig
+
+
+def test_a_plan_without_export_time_says_it_is_missing():
+    import pandas as pd
+
+    from planner.outputs.figures import timeline_figure
+
+    sheet = pd.DataFrame([{"offer": "o", "train_hours_high": 2.0, "eval_hours_high": 0.1, "save_hours": 0.0,
+                           "export_hours": 0.0, "saves_per_variant": 3, "variant_hours_high": 2.1}])
+    plans = pd.DataFrame([{"days": 3, "offer": "o", "variants_in": "a, b", "variants_out": "", "hours_used_high": 5.2,
+                           "idle_hours": 66.8, "cheapest_for_priority_1": True}])
+    fig, caption = timeline_figure(sheet, plans)
+    assert "checkpoint saves: missing" in caption and "export: missing" in caption

@@ -14,7 +14,7 @@ import pandas as pd
 
 from planner.models.memory_model import MB_LIMIT
 from planner.records import PHASES
-from planner.units import GiB
+from planner.units import GiB, fmt_hours
 
 FONT = 10
 
@@ -346,12 +346,102 @@ def decision_picture(sheet: pd.DataFrame, plans: pd.DataFrame) -> dict | None:
     return None if made is None else {"svg": _svg(made[0]), "caption": made[1]}
 
 
+# the parts of one variant on a timeline: (name, its hours in the selection row, colour)
+TIMELINE_PARTS = (("training", "train_hours_high", "#4c72b0"), ("evaluation", "eval_hours_high", "#dd8452"),
+                  ("checkpoint saves", "save_hours", "#8172b3"), ("export", "export_hours", "#c44e52"))
+SETUP_COLOR, IDLE_COLOR = "#555555", "#e8e8e8"
+
+
+def _elapsed(v, _=None) -> str:
+    """A tick on a timeline: minutes below two hours, else hours (never two ticks that read the same)."""
+    if v <= 0:
+        return "0"
+    return f"{round(v * 60, 1):g} min" if v < 2 else f"{round(v, 1):g} h"
+
+
+def timeline_figure(sheet: pd.DataFrame, plans: pd.DataFrame):
+    """Each window's plan as a timeline of the offer it marks (★): setup once, then each variant it holds as
+    training, evaluation, checkpoint saves and export, then the idle rest of the window; slow end of every range.
+    Returns None when no window marks an offer."""
+    stars = plans[plans["cheapest_for_priority_1"]] if len(plans) else plans
+    if stars.empty:
+        return None
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    rows = sheet.drop_duplicates("offer").set_index("offer")
+    plt = _plt()
+    fig, axes = plt.subplots(len(stars), 1, figsize=(7.4, 1.1 * len(stars) + 0.9), squeeze=False)
+    missing: set[str] = set()
+    per_variant: dict[str, str] = {}
+    for ax, (_, p) in zip(axes[:, 0], stars.iterrows()):
+        r = rows.loc[p["offer"]]
+        ids = [v for v in str(p["variants_in"] or "").split(", ") if v]
+        window = 24.0 * float(p["days"])
+        parts = [(name, float(r[col]) if pd.notna(r.get(col)) else 0.0, color) for name, col, color in TIMELINE_PARTS]
+        if ids and not parts[3][1]:
+            missing.add("export")
+        if ids and int(r.get("saves_per_variant") or 0) and not parts[2][1]:
+            missing.add("checkpoint saves")
+        variant = sum(w for _, w, _ in parts)
+        setup = max(0.0, float(p["hours_used_high"]) - variant * len(ids)) if ids else 0.0
+        ax.barh(0, setup, left=0.0, color=SETUP_COLOR, height=0.6)
+        x, spans = setup, []
+        for vid in ids:
+            spans.append((vid, x, x + variant))
+            for _, width, color in parts:
+                ax.barh(0, width, left=x, color=color, height=0.6, edgecolor="white", linewidth=0.3)
+                x += width
+        # a plan that uses little of its window is drawn zoomed on what it uses: the idle rest is said in words
+        shown = window if x >= 0.25 * window or x <= 0 else x * 1.25
+        for vid, start, end in spans:
+            if (end - start) / shown > 0.08:  # a variant's name only where it has room
+                ax.text((start + end) / 2, 0, vid, ha="center", va="center", fontsize=FONT - 2, color="white",
+                        clip_on=True)
+        ax.barh(0, max(0.0, shown - x), left=x, color=IDLE_COLOR, height=0.6, hatch="//", edgecolor="#bbbbbb",
+                linewidth=0)
+        if shown < window:
+            ax.text(shown, 0, f"idle to {_hours(window)} →", ha="right", va="center", fontsize=FONT - 2,
+                    color="#444444")
+        if ids and p["offer"] not in per_variant:
+            saves = int(r.get("saves_per_variant") or 0)
+            per_variant[p["offer"]] = (f"{p['offer']}: each variant {fmt_hours(variant)} = training "
+                                       f"{fmt_hours(parts[0][1])}, evaluation {fmt_hours(parts[1][1])}, {saves} "
+                                       f"checkpoint save(s) {fmt_hours(parts[2][1])}, export {fmt_hours(parts[3][1])}")
+        ax.set_xlim(0, shown)
+        ax.set_yticks([])
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=7, steps=[1, 2, 2.5, 5, 6, 10]))
+        ax.xaxis.set_major_formatter(FuncFormatter(_elapsed))
+        out = str(p["variants_out"] or "")
+        ax.set_title(f"{int(p['days'])} days · ★ {p['offer']} · {len(ids)} variant(s)"
+                     + (f", left out: {out}" if out else "") + f" · idle {_hours(float(p['idle_hours']))}",
+                     fontsize=FONT - 1, loc="left")
+    handles = [Patch(color=SETUP_COLOR, label="setup (once)")] + [Patch(color=c, label=n) for n, _, c in TIMELINE_PARTS] \
+        + [Patch(facecolor=IDLE_COLOR, edgecolor="#bbbbbb", hatch="//", label="idle")]
+    fig.legend(handles=handles, loc="lower center", ncol=6, frameon=False, fontsize=FONT - 2)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    said = [f"{name}: missing (not timed by the pilot and no size to model it from), so these plans hold no "
+            f"time for it" for name in sorted(missing)]
+    caption = ("The plans as timelines: each window's ★ offer, setup once, then each variant it holds (training, "
+               "evaluation, checkpoint saves, export), then the idle rest of the window (a plan that uses under a "
+               "quarter of its window is drawn zoomed on what it uses); slow end of every time range. "
+               + "; ".join(per_variant.values()) + ". Basis: each offer's time, save and export basis in the "
+               "selection." +
+               (" " + "; ".join(said) + "." if said else ""))
+    return fig, caption
+
+
+def plans_timeline(sheet: pd.DataFrame, plans: pd.DataFrame) -> dict | None:
+    made = timeline_figure(sheet, plans)
+    return None if made is None else {"svg": _svg(made[0]), "caption": made[1]}
+
+
 def order_sheet_figures(lines: pd.DataFrame, sheet: pd.DataFrame, plans: pd.DataFrame,
                         headroom: float = 0.10) -> list[dict]:
     if not available():
         return []
-    figs = [decision_picture(sheet, plans), memory_per_phase(lines, sheet, headroom), cost_per_window(plans),
-            max_micro_batch(sheet)]
+    figs = [decision_picture(sheet, plans), plans_timeline(sheet, plans), memory_per_phase(lines, sheet, headroom),
+            cost_per_window(plans), max_micro_batch(sheet)]
     return [f for f in figs if f]
 
 
