@@ -55,6 +55,7 @@ def test_ddp_two_ranks_each_write_every_phase(three_ways):
             assert mine[phase] <= s[phase] + grads * 1.01, phase
 
 
+@pytest.mark.slow  # two real ranks three ways: 20 s of setup, kept out of the 3-minute suite
 def test_ddp_accumulation_syncs_once_and_keeps_one_gradient_copy(three_ways):
     """Micro-batches before the last of a window run under no_sync; gradients are zeroed in place (bucket
     views), so steady updates hold one gradient copy. The first window after a start or a resume holds the
@@ -71,6 +72,7 @@ def test_ddp_accumulation_syncs_once_and_keeps_one_gradient_copy(three_ways):
         assert b.loc["resume", "peak_allocated_bytes"] <= b.loc["steady", "peak_allocated_bytes"] + grads * 1.01
 
 
+@pytest.mark.slow  # two real ranks three ways: 20 s of setup, kept out of the 3-minute suite
 def test_fsdp_halves_model_states_per_rank(three_ways):
     ledger, (single, _, fsdp, _, _) = three_ways
     s = by_run(ledger, single).set_index("phase")
@@ -86,6 +88,7 @@ def test_fsdp_halves_model_states_per_rank(three_ways):
         assert mine.loc["first_step", "peak_allocated_bytes"] <= 0.6 * s.loc["first_step", "peak_allocated_bytes"]
 
 
+@pytest.mark.slow  # two real ranks three ways: 20 s of setup, kept out of the 3-minute suite
 def test_fake_process_group_estimate_agrees_with_two_real_ranks(three_ways):
     ledger, (_, _, fsdp, est, _) = three_ways
     real = by_run(ledger, fsdp)

@@ -60,6 +60,7 @@ def test_fixtures_put_each_field_on_the_phase_the_pilot_writes_it(real_ledger):
         assert not extra, f"fixture puts {sorted(extra)} on {ln.phase}; the pilot writes them elsewhere"
 
 
+@pytest.mark.slow  # a real two-rank pilot (14 s)
 def test_demo_ddp_counts_the_measured_gradients_and_is_not_recommended_when_slower(real_ledger):
     """User: `rentplan demo` recommended vast-rtx_3090-2x (DDP × 2) with a 0.0 ms all-reduce."""
     from planner.decisions.evidence import run_facts
