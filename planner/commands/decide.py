@@ -37,7 +37,7 @@ def parse_days(text: str) -> list[int]:
     return days
 
 
-def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt):
+def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt, all_offers=False):
     from planner.decisions.pipeline import make_plan
     from planner.decisions.select import observed_times
     from planner.inputs.campaign_spec import load_campaign
@@ -68,7 +68,8 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
                  "planned")
     if out:
         written = write_outputs(Path(out), campaign, result.sheet, result.plans, result.budget, result.lines,
-                                catalog, headroom, order, spec_path=str(campaign_path))
+                                catalog, headroom, order, spec_path=str(campaign_path),
+                                dearer=result.dearer if all_offers else None)
         progress("wrote " + ", ".join(str(p) for p in written))
     if fmt == "json":
         click.echo(json.dumps({"selection": json.loads(render(result.sheet, "json")),
@@ -121,13 +122,18 @@ def decision_text(sheet) -> str:
               help="write selection.csv, plans.csv, order_sheet.md/.html, budget.md, order.json here")
 @click.option("--offer", "offer_id", default=None,
               help="offer for order.json (default: the recommended one; 'local' = this machine)")
+@click.option("--all-offers", is_flag=True,
+              help="also write selection-all.csv: every offer, the dearer ones of each market included (the sheet "
+                   "keeps the cheapest per provider, instance type, GPU, count, nodes, region and spot)")
 @format_option
 @friendly_errors
-def plan(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt):
+def plan(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, all_offers, fmt):
     """Selection sheet, 3/7/30-day plans, budget review and order sheet from the ledger and the catalog.
 
     Example: rentplan plan --campaign campaign.yaml --ledger rentplan.db --out rentplan-out"""
-    plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt)
+    if all_offers and not out:
+        raise InputError("--all-offers writes selection-all.csv into the plan's folder: give --out DIR too.")
+    plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt, all_offers)
 
 
 # ---------------------------------------------------------------- demo

@@ -147,6 +147,10 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
     import yaml
 
     from planner.inputs.catalog import default_catalog_path, import_skypilot, load_catalog, merged_catalog_text
+    from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, load_yaml_file
+
+    def cat_data(path):
+        return load_yaml_file(path, "catalog", MAX_CATALOG_BYTES)
 
     import datetime as dt
 
@@ -163,12 +167,17 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
         click.echo(yaml.safe_dump({"offers": offers}, sort_keys=False))
         return
     src = Path(catalog_path) if catalog_path else default_catalog_path()
-    text, note = merged_catalog_text(src.read_text(encoding="utf-8"), offers, str(src))
+    if str(out_path).endswith(".json"):  # a large catalog reads 50 × faster as JSON (still YAML: YAML 1.2 holds it)
+        data = cat_data(src)
+        data["offers"] = list(data.get("offers") or []) + offers
+        text, note = json.dumps(data, indent=1, ensure_ascii=False) + "\n", "written as JSON (comments are not kept)"
+    else:
+        text, note = merged_catalog_text(src.read_text(encoding="utf-8"), offers, str(src))
     if note:
         progress(f"note: {note}")
     from planner.inputs.catalog import parse_catalog
     from planner.outputs.render import atomic_write
-    from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, load_yaml_text
+    from planner.inputs.yamlsafe import load_yaml_text
 
     parse_catalog(load_yaml_text(text, str(out_path), MAX_CATALOG_BYTES), str(out_path))  # the merged catalog validates first ...
     try:

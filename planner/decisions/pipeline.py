@@ -10,7 +10,7 @@ from planner.inputs.campaign_spec import Campaign
 from planner.inputs.catalog import Catalog
 from planner.errors import InputError
 from planner.decisions.plans import budget_review, mark_ordered, ordered, plan_windows, recommend
-from planner.decisions.select import CampaignFamily, family_lines, require_feasible, select
+from planner.decisions.select import CampaignFamily, best_per_market, family_lines, require_feasible, select
 
 
 @dataclass
@@ -20,6 +20,7 @@ class PlanResult:
     budget: dict
     lines: pd.DataFrame  # the campaign family's lines
     families: CampaignFamily  # the rule that chose which of them size the campaign
+    dearer: pd.DataFrame | None = None  # offers left out of the sheet: a dearer offer of a market it holds
 
 
 def make_plan(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: float = 0.10,
@@ -32,9 +33,9 @@ def make_plan(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroo
     fams = CampaignFamily(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
     sheet = select(campaign, lines, catalog, headroom, observed=observed, fams=fams)
     require_feasible(sheet, catalog)
-    sheet = mark_ordered(sheet, offer_id)
+    sheet, dearer = best_per_market(mark_ordered(sheet, offer_id))
     plans = plan_windows(sheet, campaign, days)
-    return PlanResult(sheet, plans, budget_review(sheet, plans, campaign), fams.lines, fams)
+    return PlanResult(sheet, plans, budget_review(sheet, plans, campaign), fams.lines, fams, dearer)
 
 
 __all__ = ["PlanResult", "make_plan", "ordered", "recommend"]

@@ -231,7 +231,7 @@ def recommended_index(sheet: pd.DataFrame):
 
 
 # The price's columns, in sheet order: filled per offer by priced_sheet, never by sizing.
-OFFER_COLUMNS = ("offer", "gpu", "provider", "instance", "gpus_per_instance", "nodes", "network", "spot",
+OFFER_COLUMNS = ("offer", "gpu", "provider", "instance", "region", "gpus_per_instance", "nodes", "network", "spot",
                  "price_per_instance_hour_usd", "price_per_hour_usd", "price_per_gpu_hour_usd",
                  "billing_minimum_hours")
 SOURCE_COLUMNS = ("as_of", "price_source", "unverified")
@@ -253,7 +253,7 @@ def priced_sheet(offers: list[Offer], catalog: Catalog, size) -> pd.DataFrame:
             sized[key] = size(o)
     prices = pd.DataFrame({
         "offer": [o.id for o in offers], "gpu": [o.gpu for o in offers], "provider": [o.provider for o in offers],
-        "instance": [o.instance for o in offers], "spot": [o.spot for o in offers],
+        "instance": [o.instance for o in offers], "region": [o.region for o in offers], "spot": [o.spot for o in offers],
         "price_per_instance_hour_usd": [o.price_per_instance_hour_usd for o in offers],
         "price_per_hour_usd": [o.price_per_hour_usd for o in offers],
         "price_per_gpu_hour_usd": [round(o.price_per_gpu_hour_usd, 4) for o in offers],
@@ -580,3 +580,25 @@ def require_feasible(sheet: pd.DataFrame, catalog: Catalog) -> None:
         f"{smallest['need_basis']}) plus {fmt_bytes(smallest['context_bytes'])} CUDA context and the headroom. "
         f"Closest: {closest['gpu']} with {fmt_bytes(closest['usable_bytes'])} usable. "
         "Next: enable checkpointing, shorten eval seq_len, lower --headroom, or add larger GPUs to the catalog.")
+
+
+# One market: offers a person would not tell apart but by price (same provider, instance type, GPU, count, nodes,
+# region, spot): a SkyPilot catalog lists one instance type once per zone.
+MARKET = ["provider", "instance", "gpu", "gpus_per_instance", "nodes", "region", "spot"]
+
+
+def best_per_market(sheet: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the sheet people and plans read, the dearer offers left out): per market, the offer with the cheapest
+    campaign (then price, then id); the ordered offer is always kept. Every rule that picks an offer prefers the
+    cheaper of two offers of one market, so no recommendation or ★ is lost; `plan --all-offers` writes the rest."""
+    if sheet.empty:
+        return sheet, sheet
+    ranked = sheet.sort_values(["campaign_cost_usd_high", "price_per_hour_usd", "offer"], na_position="last")
+    best = ranked.groupby(MARKET, dropna=False, sort=False).head(1).index
+    keep = sheet.index.isin(best)
+    for always in ("ordered", "recommended"):
+        if always in sheet:
+            keep |= sheet[always].fillna(False).astype(bool).to_numpy()
+    kept = sheet[keep]
+    kept.attrs = dict(sheet.attrs, dearer_offers=int((~keep).sum()))
+    return kept, sheet[~keep]

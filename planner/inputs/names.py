@@ -12,6 +12,7 @@ Each check returns the problem as text (None when the value is fine): callers ad
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -27,8 +28,11 @@ def char_name(ch: str) -> str:
     return f"U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed character')}"
 
 
+@functools.lru_cache(maxsize=4096)  # a catalog repeats its dates, sources and notes thousands of times
 def label_problem(value: str) -> str | None:
     """Why `value` is not a printable single line, or None."""
+    if value.isascii() and value.isprintable() and len(value) <= MAX_LABEL and value == value.strip():
+        return None  # printable ASCII holds no control, format or separator character: the common case, at once
     if len(value) > MAX_LABEL:
         return f"is {len(value)} characters long; at most {MAX_LABEL}"
     for i, ch in enumerate(value):
@@ -39,6 +43,7 @@ def label_problem(value: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def id_problem(value: str, extra: str = "") -> str | None:
     """Why `value` is not an id (ASCII letters, digits, '.', '_', '-' and `extra`), or None. The first character
     outside that alphabet is named, so a look-alike or an invisible character is refused by name."""

@@ -319,6 +319,7 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
         "rows": sheet_rows(fitting.head(MARKDOWN_ROWS)),  # the markdown sheet's; selection.csv holds them all
         "all_rows": sheet_rows(by_cost(sheet)),  # the HTML sheet's: every offer, cheapest first, filterable
         "n_fitting": int(len(fitting)), "n_offers": int(len(sheet)), "n_more": max(0, len(fitting) - MARKDOWN_ROWS),
+        "dearer_offers": int(sheet.attrs.get("dearer_offers", 0)),
         "n_tight": int((sheet["verdict"] == "tight").sum()),
         "not_fitting": [not_fitting_text(r, catalog, headroom)
                         for _, r in sheet[sheet["verdict"] == NO_FIT].head(NOT_FITTING_SHOWN).iterrows()],
@@ -365,7 +366,9 @@ def base_note(params: dict) -> str:
 
 def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, budget: dict,
                   lines: pd.DataFrame, catalog: Catalog, headroom: float, order: dict | None,
-                  spec_path: str | None = None) -> list[Path]:
+                  spec_path: str | None = None, dearer: pd.DataFrame | None = None) -> list[Path]:
+    """Every file of a plan. dearer: the offers left out of the sheet (a cheaper one of their market is in it),
+    written to selection-all.csv with the sheet's rows when given (`plan --all-offers`), else that file goes."""
     from planner.outputs.figures import available, order_sheet_figures
 
     sweep_orphans(out)
@@ -374,6 +377,7 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
     ctx["figures_note"] = "" if available() else "No pictures: install the report extra (pip install 'rentplan[report]')."
     files = {
         "selection.csv": sheet.to_csv(index=False),
+        "selection-all.csv": None if dearer is None else pd.concat([sheet, dearer]).to_csv(index=False),
         "plans.csv": plans.to_csv(index=False),
         "order_sheet.md": render_template("order_sheet.md.j2", ctx),
         "order_sheet.html": render_template("order_sheet.html.j2", ctx),
