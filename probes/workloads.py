@@ -96,14 +96,30 @@ def _installed(origin: str) -> bool:
         any(part in ("site-packages", "dist-packages") for part in Path(real).parts)
 
 
+class _ExitAtImport(BaseException):
+    """os._exit called while a workload file was being imported (it would end rentplan without a word)."""
+
+
+def _exit_at_import(code: int = 0):
+    raise _ExitAtImport(code)
+
+
 def _run_import(load, target: str):
+    real_exit = os._exit  # a top-level os._exit would end this process at once: for the import, it raises instead
+    os._exit = _exit_at_import
     try:
         return load() or sys.modules.get(target)
+    except _ExitAtImport as e:
+        sys.modules.pop(target, None)
+        raise WorkloadError(f"importing {target} called os._exit({e.args[0]}); a workload file must be importable "
+                            "without running anything (put scripts under `if __name__ == '__main__':`).") from None
     except SystemExit as e:
         raise WorkloadError(f"importing {target} called sys.exit({e.code}); a workload file must be importable "
                             "without running anything (put scripts under `if __name__ == '__main__':`).") from None
     except Exception as e:
         raise WorkloadError(f"importing {target} failed: {type(e).__name__}: {e}") from e
+    finally:
+        os._exit = real_exit
 
 
 def _own_callable(module, func: str, target: str, ref: str):

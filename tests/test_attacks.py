@@ -73,6 +73,21 @@ def test_a_workload_that_exits_at_import_gets_an_error(tmp_path):
     attack(["inspect", "-w", f"{tmp_path / 'wl.py'}:make"], says="sys.exit")
 
 
+@pytest.mark.parametrize("code", ["import os\nos._exit(0)\n", "from os import _exit\n_exit(5)\n"])
+def test_a_workload_that_calls_os_exit_at_import_gets_an_error_not_a_silent_end(tmp_path, code):
+    """os._exit skips every handler: without a guard, `inspect` (which imports the workload itself) ended with
+    status 0 and no word. A real process, as the user runs it."""
+    import subprocess
+    import sys
+
+    (tmp_path / "wl.py").write_text(code)
+    r = subprocess.run([sys.executable, "-m", "planner.cli", "inspect", "-w", f"{tmp_path / 'wl.py'}:make"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "called os._exit(" in r.stderr + r.stdout, (r.returncode, r.stderr[-500:])
+    import os
+    assert os._exit.__name__ == "_exit"  # restored in this process too (the import helper is shared)
+
+
 # ---------------------------------------------------------------- files changed by commands that fail or only read
 
 def skypilot_csv(path, price="2.5", spot="", encoding="utf-8", extra=""):
