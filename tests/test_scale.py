@@ -103,3 +103,16 @@ def test_a_flow_mapping_that_is_not_json_still_reads_as_yaml():
 def test_stars_and_ampersands_inside_values_are_not_aliases():
     assert load_yaml_text("a: H100* & more\nb: https://x?a=1&b=2", "t") == {
         "a": "H100* & more", "b": "https://x?a=1&b=2"}
+
+
+def test_catalog_import_writes_a_json_catalog_that_validates_and_plans(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "vms.csv").write_text("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,"
+                                      "Region\ngpu_1x_h100,H100,1,26,200,2.5,,us-east-1\n")
+    r = CliRunner().invoke(cli, ["catalog", "import", "--skypilot", "vms.csv", "--provider", "lambda", "--as-of",
+                                 "2026-12-01", "--out", "big.json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "big.json").read_text())
+    assert data["offers"][-1]["provider"] == "lambda" and data["offers"][-1]["note"] == "region us-east-1"
+    sheet = plan(tmp_path, tmp_path / "big.json")
+    assert "lambda" in set(sheet["provider"]) and "us-east-1" in set(sheet["region"].dropna())
