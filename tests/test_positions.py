@@ -18,19 +18,24 @@ def rentplan(*args):
     return r
 
 
-def test_a_model_with_32_positions_gets_a_max_sequence_of_32_and_says_why(tmp_path, monkeypatch):
-    """From the user's steps: estimate a model with 32 learned positions, plan: the sheet's max sequence is 32
-    (the model's position table), not '≥ 1,048,576 (search limit)'."""
+PARAMS = {"layers": 1, "d_model": 32, "heads": 2, "vocab": 64, "max_len": 32}  # a model with 32 learned positions
+
+
+def estimate_and_plan(tmp_path, monkeypatch, micro_batches: str, campaign_seq: int) -> pd.DataFrame:
+    """The user's steps: estimate the model, write a campaign at campaign_seq tokens, plan; the selection."""
     monkeypatch.chdir(tmp_path)
-    w = ["-w", "builtin:gpt", "-p", "layers=1", "-p", "d_model=32", "-p", "heads=2", "-p", "vocab=64",
-         "-p", "max_len=32"]
-    rentplan("estimate", *w, "--micro-batch", "1,2", "--seq-len", "16", "--eval-seq-len", "16", "--target", "sm80+",
-             "--ledger", "l.db")
-    (tmp_path / "c.yaml").write_text(campaign_yaml(params={"layers": 1, "d_model": 32, "heads": 2, "vocab": 64,
-                                                           "max_len": 32}, seq_len=16,
-                                                   eval={"every_updates": 50, "examples": 8, "seq_len": 16}))
+    w = ["-w", "builtin:gpt", *[x for k, v in PARAMS.items() for x in ("-p", f"{k}={v}")]]
+    rentplan("estimate", *w, "--micro-batch", micro_batches, "--seq-len", "16", "--eval-seq-len", "16", "--target",
+             "sm80+", "--ledger", "l.db")
+    (tmp_path / "c.yaml").write_text(campaign_yaml(params=PARAMS, seq_len=campaign_seq, eval={
+        "every_updates": 50, "examples": 8, "seq_len": campaign_seq}))
     rentplan("plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "out")
-    sheet = pd.read_csv(tmp_path / "out" / "selection.csv")
+    return pd.read_csv(tmp_path / "out" / "selection.csv")
+
+
+def test_a_model_with_32_positions_gets_a_max_sequence_of_32_and_says_why(tmp_path, monkeypatch):
+    """The sheet's max sequence is 32 (the model's position table), not '≥ 1,048,576 (search limit)'."""
+    sheet = estimate_and_plan(tmp_path, monkeypatch, "1,2", 16)
     sized = sheet[sheet["max_seq_len_at_mb1"].notna()]
     assert len(sized) and (sized["max_seq_len_at_mb1"] == 32).all()
     assert sized["max_seq_len_bound"].str.contains("position table pos, 32 rows", regex=False).all()
@@ -39,16 +44,7 @@ def test_a_model_with_32_positions_gets_a_max_sequence_of_32_and_says_why(tmp_pa
 
 
 def test_a_campaign_longer_than_the_model_takes_is_said_on_every_row(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    w = ["-w", "builtin:gpt", "-p", "layers=1", "-p", "d_model=32", "-p", "heads=2", "-p", "vocab=64",
-         "-p", "max_len=32"]
-    rentplan("estimate", *w, "--micro-batch", "1", "--seq-len", "16", "--eval-seq-len", "16", "--target", "sm80+",
-             "--ledger", "l.db")
-    (tmp_path / "c.yaml").write_text(campaign_yaml(params={"layers": 1, "d_model": 32, "heads": 2, "vocab": 64,
-                                                           "max_len": 32}, seq_len=64,
-                                                   eval={"every_updates": 50, "examples": 8, "seq_len": 64}))
-    rentplan("plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "out")
-    notes = pd.read_csv(tmp_path / "out" / "selection.csv")["notes"].dropna()
+    notes = estimate_and_plan(tmp_path, monkeypatch, "1", 64)["notes"].dropna()
     assert notes.str.contains("sequence length 64 is past the model's position limit 32", regex=False).any()
 
 
