@@ -110,9 +110,14 @@ def census(workload, cfg, kernels=contextlib.nullcontext) -> dict:
     from probes.fake import EstimateFakeMode
     from probes.loop import Trainer
 
+    from probes.memory import LiveTensorTracker
+
     # Per rank, the compute of DDP and FSDP is that of one process (collectives are timed by the planner).
     one = dataclasses.replace(cfg, strategy="single", world_size=1)
-    with torch.random.fork_rng(devices=[]), EstimateFakeMode(), kernels():
+    # The run's cap holds here too, on the fake bytes: a loss that allocates until something stops it would
+    # otherwise run on, unstopped, until the worker's timeout, while the real update after it stops at the cap.
+    guard = LiveTensorTracker(cfg.cap_bytes) if cfg.cap_bytes else contextlib.nullcontext()
+    with torch.random.fork_rng(devices=[]), EstimateFakeMode(), kernels(), guard:
         trainer = Trainer(workload, one, torch.device("cpu"), fake=True)
         trainer.train_update()  # the first update also creates the optimizer state: steady updates do not
         counter = OpCensus()

@@ -508,3 +508,56 @@ def test_two_probes_on_one_ledger_run_each_configuration_once(tmp_path):
     assert len(runs) == 3 and (runs == 1).all(), runs  # three configurations, one run each
     said = "".join(err for _, err in outs)
     assert "claimed by run" in said or "finished by another probe" in said or "skip" in said
+
+
+# ---------------------------------------------------------------- caps and processes
+
+RUNAWAY = '''
+import torch
+from torch import nn
+
+HOG, CALLS = [], [0]
+
+
+class Runaway:
+    name = "runaway"
+
+    def build_model(self):
+        return nn.Linear(16, 4)
+
+    def make_batch(self, split, index, micro_batch, seq_len):
+        g = torch.Generator().manual_seed(index)
+        return {"x": torch.randn(micro_batch, 16, generator=g), "y": torch.randint(0, 4, (micro_batch,), generator=g)}
+
+    def compute_loss(self, model, batch):
+        CALLS[0] += 1
+        while CALLS[0] >= 2:  # from the second update on it allocates until something stops it
+            HOG.append(torch.ones(16 * 1024 * 1024))
+        return nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+
+
+def make():
+    return Runaway()
+'''
+
+
+def test_a_workload_that_keeps_allocating_past_the_cap_ends_oom_not_timeout(tmp_path):
+    """The user's steps: `probe -w runaway.py:make --cap 300MiB`. The real steady update stops at the cap, but the
+    census pass before it (fake tensors) held no cap, so it allocated until the worker's timeout, growing the
+    worker's memory all the while. Now the census holds the run's cap: the line says oom, well within the timeout."""
+    import time
+    from planner.ledger import Ledger
+
+    (tmp_path / "runaway.py").write_text(RUNAWAY)
+    led = tmp_path / "l.db"
+    t0 = time.monotonic()
+    r = CliRunner().invoke(cli, ["probe", "-w", f"{tmp_path / 'runaway.py'}:make", "--micro-batch", "2",
+                                 "--seq-len", "8", "--cap", "300MiB", "--ledger", str(led), "--timeout", "60"])
+    took = time.monotonic() - t0
+    assert r.exit_code == 0, r.output
+    with Ledger(led, create=False) as ledger:
+        lines = {row.phase: row for row in ledger.frame().itertuples()}
+    assert lines["first_step"].verdict == "ok"
+    assert lines["steady"].verdict == "oom", (lines["steady"].verdict, lines["steady"].detail)
+    assert "cap exceeded" in lines["steady"].detail, lines["steady"].detail
+    assert took < 50, f"{took:.0f} s: the census ran until the worker's timeout"
