@@ -21,6 +21,7 @@ from typing import Iterable
 import pandas as pd
 
 from planner.errors import LedgerError
+from planner.storage import storage_problem
 from planner.records import FAILED, LINE_FIELDS, PHASES, Line, Verdict
 
 SCHEMA_VERSION = 2  # 2: campaign_predictions and claims tables
@@ -69,6 +70,8 @@ class Ledger:
             raise LedgerError(f"no ledger at {self.path}. Run `rentplan probe` first, or pass --ledger PATH.")
         if self.path.is_dir():
             raise LedgerError(f"{self.path} is a folder, not a ledger file. Pass --ledger FILE.")
+        existed = {p for p in self._companions() if p.exists()} | ({self.path} if self.path.exists() else set())
+        self.db = None
         try:
             version = self._check_existing()
             if self.read_only:
@@ -80,10 +83,32 @@ class Ledger:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             self._ensure_schema()
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, OSError) as e:
+            self._undo_open(existed)
+            reason = storage_problem(self.path.parent)
+            if reason:  # a full disk or a read-only folder is said as such, not blamed on the file
+                raise LedgerError(f"cannot {'read' if self.read_only else 'write'} the ledger {self.path}: "
+                                  f"{reason}. Nothing was changed; free space, or pass --ledger PATH on a "
+                                  "writable disk.") from None
+            if isinstance(e, OSError):
+                raise LedgerError(f"cannot open the ledger {self.path}: {e.strerror or e}.") from None
             raise LedgerError(f"{self.path} is not a rentplan ledger ({e}). Pass another --ledger PATH.") from None
-        except OSError as e:
-            raise LedgerError(f"cannot open the ledger {self.path}: {e.strerror or e}.") from None
+
+    def _companions(self) -> list[Path]:
+        return [Path(f"{self.path}-wal"), Path(f"{self.path}-shm"), Path(f"{self.path}-journal")]
+
+    def _undo_open(self, existed: set[Path]) -> None:
+        """A failed open leaves the folder as it found it: SQLite's files that this open made (an empty ledger,
+        an empty -wal, a torn -shm shorter than its 32 KiB header region) are removed; nothing else is touched."""
+        if self.db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self.db.close()
+            self.db = None
+        for p in [self.path, *self._companions()]:
+            with contextlib.suppress(OSError):
+                if p not in existed and p.is_file() and p.stat().st_size < 32768 and (
+                        p != self.path or p.stat().st_size == 0):
+                    p.unlink()
 
     def _read_only_uri(self) -> str:
         """Read-only, and leaving nothing behind: SQLite opens a WAL ledger by creating LEDGER-shm beside it,
@@ -174,7 +199,8 @@ class Ledger:
         self.close()
 
     def close(self) -> None:
-        self.db.close()
+        if self.db is not None:
+            self.db.close()
 
     def append(self, line: Line) -> None:
         row = line.to_dict()

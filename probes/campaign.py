@@ -25,7 +25,9 @@ import torch
 from planner.tools.archive import sha256
 from planner.inputs.campaign_spec import (KEPT_CHECKPOINTS, Campaign, Variant, judge_loss, resolve_params,
                                           resolve_workload)
+from planner.errors import CampaignError
 from planner.ledger import Ledger, holding, new_id
+from planner.storage import nearest_existing, storage_problem
 from planner.records import ProbeConfig
 from probes import checkpoint
 from probes.loop import NonFinite, Trainer
@@ -179,8 +181,16 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
     run_dir = Path(out_dir) / run_id
     inputs, src = {}, workload_source(cfg.workload)
     if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        inputs = snapshot_inputs(campaign, cfg, run_dir)
+        there = nearest_existing(run_dir)
+        run_dir.mkdir(parents=True)
+        try:
+            inputs = snapshot_inputs(campaign, cfg, run_dir)
+        except OSError:  # a disk that fills here leaves no half-made folder behind (the run's, or --out's)
+            first_made = run_dir.absolute()
+            while first_made.parent != there:
+                first_made = first_made.parent
+            shutil.rmtree(first_made, ignore_errors=True)
+            raise
     else:
         progress = _quiet
     with (Ledger(ledger_path) if rank == 0 else _OtherRank(rank, run_id)) as led:
@@ -364,8 +374,12 @@ def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] |
     from probes.runner import clean_stale_temporaries
 
     rank, world = world_of()
-    if rank == 0:  # a ledger that cannot be written (a foreign SQLite file, a newer rentplan's) is refused before
-        with Ledger(ledger_path):  # any run folder is made
+    if rank == 0:  # an output folder or a ledger that cannot be written (a full disk, a read-only folder, a foreign
+        problem = storage_problem(Path(out))  # SQLite file, a newer rentplan's) is refused before anything is made
+        if problem:
+            raise CampaignError(f"cannot write runs under {out}: {problem}. Nothing was changed; free space or "
+                                "pass --out FOLDER on a writable disk.")
+        with Ledger(ledger_path):
             pass
     for run_dir in (p for p in Path(out).glob("c-*") if rank == 0 and p.is_dir() and not p.is_symlink()):
         for name in clean_stale_temporaries(run_dir):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import sys
 
@@ -48,6 +49,9 @@ def friendly_errors(fn):
             raise click.ClickException(f"a file is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
                                        "UTF-8 and run again.") from None
         except OSError as e:  # unreadable input, unwritable output folder, disk full
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):  # the disk's fault, not the file named
+                raise click.ClickException(f"{e.strerror} while writing. Free space on that disk, or write "
+                                           "elsewhere (--out / --ledger), then run the same command again.") from None
             where = f"{e.filename}: " if e.filename else ""
             raise click.ClickException(f"{where}{e.strerror or e}. Check the path and its permissions "
                                        "(nothing was changed)." if not isinstance(e, IsADirectoryError) else

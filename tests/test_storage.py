@@ -1,0 +1,95 @@
+"""A full disk or a read-only folder is said as such, and the failing command leaves the folder as it found it
+(issue 28). The disks are real: a small tmpfs, filled or remounted read-only (root only; skipped elsewhere)."""
+
+import errno
+import shutil
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+from planner.cli import cli
+from tests.factories import campaign_yaml, standard_ledger
+from tests.test_failed_commands_write_nothing import listing
+
+PROBE = ["probe", "-w", "builtin:gpt", "-p", "layers=1", "-p", "d_model=32", "-p", "heads=2", "-p", "vocab=64",
+         "--micro-batch", "1", "--seq-len", "8"]
+
+
+def mount_tmpfs(where, size="1m"):
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.decode().strip()}): run as root")
+
+
+@pytest.fixture
+def disk(tmp_path):
+    where = tmp_path / "disk"
+    mount_tmpfs(where)
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk):
+    with open(disk / "fill", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def run(args):
+    r = CliRunner().invoke(cli, [str(a) for a in args])
+    assert "Traceback" not in r.output and (r.exception is None or isinstance(r.exception, SystemExit)), r.output
+    return r
+
+
+def test_a_ledger_on_a_full_disk_is_said_full_and_leaves_no_sqlite_files(disk, tmp_path):
+    standard_ledger(disk / "l.db")
+    fill(disk)
+    before = listing(disk)
+    for ledger in ("l.db", "new.db"):
+        r = run([*PROBE, "--ledger", disk / ledger])
+        assert r.exit_code == 1 and "is full" in r.output and "not a rentplan ledger" not in r.output, r.output
+    assert listing(disk) == before  # no -wal, no torn -shm, no empty new.db
+    r = run(["plan", "--campaign", "planner/examples/lr-comparison.yaml", "--ledger", disk / "l.db",
+             "--out", tmp_path / "out"])  # reading needs no space: the plan's own error is about the lines
+    assert "is full" not in r.output and listing(disk) == before
+
+
+def test_a_ledger_in_a_read_only_folder_is_said_read_only(disk):
+    standard_ledger(disk / "l.db")
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    before = listing(disk)
+    r = run([*PROBE, "--ledger", disk / "l.db"])
+    assert r.exit_code == 1 and "read-only file system" in r.output, r.output
+    r = run(["ledger", "show", "--ledger", disk / "l.db"])  # reading still works
+    assert r.exit_code == 0 and "steady" in r.output, r.output
+    assert listing(disk) == before
+
+
+def test_campaign_run_onto_a_full_disk_blames_the_disk_and_makes_no_folder(disk, tmp_path):
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+    fill(disk)
+    before = listing(disk), listing(tmp_path / "disk")
+    r = run(["campaign", "run", tmp_path / "c.yaml", "--ledger", tmp_path / "new.db", "--out", disk / "runs"])
+    assert r.exit_code == 1 and "is full" in r.output and "c.yaml" not in r.output, r.output
+    assert (listing(disk), listing(tmp_path / "disk")) == before
+    assert not (tmp_path / "new.db").exists()  # refused before the ledger was made
+
+
+def test_a_disk_that_fills_while_the_run_folder_is_made_leaves_no_half_folder(tmp_path, monkeypatch):
+    """The preflight passes, then the disk fills while the spec is copied into the run's folder (before: a 0-byte
+    spec/c.yaml under a new runs/c-*/ and an Error blaming the spec's path)."""
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+
+    def full(src, dst, **kw):
+        open(dst, "wb").close()
+        raise OSError(errno.ENOSPC, "No space left on device", str(src))
+    monkeypatch.setattr(shutil, "copy2", full)
+    r = run(["campaign", "run", tmp_path / "c.yaml", "--ledger", tmp_path / "l.db", "--out", tmp_path / "runs"])
+    assert r.exit_code == 1 and "No space left on device while writing" in r.output, r.output
+    assert "c.yaml" not in r.output
+    assert not (tmp_path / "runs").exists()
