@@ -8,12 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.errors import CampaignError
-from planner.records import canonical_precision, OPTIMIZERS, PRECISIONS
+from planner.records import OPTIMIZERS, PRECISIONS
+from planner.inputs.schema import spec_models, validate
 from planner.inputs.yamlsafe import Problems, load_yaml_file, load_yaml_text
 
-TOP_KEYS = {"name", "workload", "params", "seq_len", "effective_batch", "updates", "eval", "export", "setup_hours",
-            "stop_if", "variants", "precision", "optimizer", "checkpointing", "budget_usd", "compare", "micro_batch", "lr", "diverge_above", "quality_target",
-            "save_every_updates"}
 # What a variant may change: how the same question is computed (learning rate, and the memory fixes: a smaller
 # micro-batch with more accumulation, activation checkpointing, mixed precision), and its seed. Anything else
 # (architecture, data, effective batch, updates) would change the question, and is refused by name.
@@ -21,19 +19,16 @@ VARIANT_SETTINGS = ("lr", "micro_batch", "checkpointing", "precision")
 # Keys a spec once took and nothing read: refused with where the setting lives instead.
 MOVED = {"headroom": "headroom is an option of plan (--headroom 0.1), not of the spec",
          "notes": "notes are not read from a spec: write YAML comments (# ...), or `rentplan note TEXT` for the ledger"}
-HELD_FIXED = TOP_KEYS - {"name", "variants", "budget_usd", "setup_hours", "compare", "save_every_updates",
-                         "diverge_above", "quality_target", *VARIANT_SETTINGS}
-EVAL_KEYS = {"every_updates", "examples", "seq_len", "micro_batch"}
-STOP_KEYS = {"nonfinite", "loss_above", "diverged"}
-VARIANT_KEYS = {"id", "priority", "seed", "note", *VARIANT_SETTINGS}
-QUALITY_KEYS = {"metric", "max_worse"}
-QUALITY_METRICS = ("val_loss", "val_accuracy")
 EXPORTS = ("model", "adapter")
 # Bounds against typos and abuse, far above any real campaign (a bound is named in the error).
 LIMITS = {"effective_batch": 1 << 20, "updates": 10**8, "seq_len": 1 << 20, "setup_hours": 8760.0,
           "budget_usd": 1e9, "lr": 1e6, "count": 10**9}
 KEPT_CHECKPOINTS = 3  # a campaign run keeps its newest checkpoints (sky.yaml's disk is sized to hold them)
 DIVERGE_ABOVE = 10.0  # a loss above 10 × the run's first loss is divergence, whatever the stop rules say
+CampaignEntry, VariantEntry = spec_models(LIMITS, PRECISIONS, OPTIMIZERS, EXPORTS, VARIANT_SETTINGS)
+HELD_FIXED = set(CampaignEntry.model_fields) - {"name", "variants", "budget_usd", "setup_hours", "compare",
+                                                "save_every_updates", "diverge_above", "quality_target",
+                                                *VARIANT_SETTINGS}
 
 
 @dataclass(frozen=True)
@@ -160,147 +155,82 @@ def resolve_params(params: dict, base_dir: str) -> dict:
 
 
 def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
+    """Every field by the spec's schema (planner/inputs/schema: a type, a bound and a message each), then the
+    rules that join fields: what a variant may change, whole accumulation, unique ids."""
     p = Problems(source)
     if not isinstance(data, dict):
         p.add("", "a campaign must be a mapping (name:, workload:, variants: ...)")
         p.raise_if_any(CampaignError)
+    data = dict(data)
     for key, why in MOVED.items():
         if key in data:
+            data.pop(key)
             p.add(key, why)
-    p.unknown_keys("", {k: v for k, v in data.items() if k not in MOVED}, TOP_KEYS)
-    p.require("", data, ["name", "workload", "effective_batch", "updates", "eval", "variants"])
-    for key in ("name", "workload"):  # both reach order.json and sky.yaml: one printable line each
-        if data.get(key) is not None:
-            p.label(key, data[key])
-    counts = {}
-    for key in ("effective_batch", "updates", "seq_len"):
-        if data.get(key) is not None:
-            counts[key] = p.number(key, data[key], positive=True, integer=True, maximum=LIMITS[key])
-    if data.get("save_every_updates") is not None:
-        p.number("save_every_updates", data["save_every_updates"], positive=True, integer=True,
-                 maximum=LIMITS["updates"])
-    if data.get("setup_hours") is not None:
-        p.number("setup_hours", data["setup_hours"], positive=True, allow_zero=True, maximum=LIMITS["setup_hours"])
-    if data.get("budget_usd") is not None:
-        p.number("budget_usd", data["budget_usd"], positive=True, maximum=LIMITS["budget_usd"])
-    if data.get("params") is not None and not isinstance(data["params"], dict):
-        p.add("params", "must be a mapping of workload parameters")
-    elif isinstance(data.get("params"), dict):
-        for key in FILE_PARAMS:  # files the launch carries to the rented machine
-            if data["params"].get(key) is not None:
-                p.label(f"params.{key}", data["params"][key])
-    if data.get("export", "model") not in EXPORTS:
-        p.add("export", f"must be one of {', '.join(EXPORTS)}, got {data.get('export')!r}")
-    if isinstance(data.get("precision"), str):  # Lightning's names (bf16-mixed, 32-true, ...) are aliases
-        data["precision"] = canonical_precision(data["precision"])
-    if data.get("precision", "bf16") not in PRECISIONS:
-        p.add("precision", f"must be one of {', '.join(PRECISIONS)}, got {data.get('precision')!r}")
-    if data.get("optimizer", "adamw") not in OPTIMIZERS:
-        p.add("optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {data.get('optimizer')!r}")
-    if data.get("checkpointing") is not None:
-        p.boolean("checkpointing", data["checkpointing"])
-    if data.get("compare", "lr") not in VARIANT_SETTINGS:
-        p.add("compare", f"the declared variable must be one of {', '.join(VARIANT_SETTINGS)}, "
-                         f"got {data.get('compare')!r}")
-    if data.get("micro_batch") is not None:
-        _micro_batch(p, "micro_batch", data["micro_batch"], counts.get("effective_batch"))
-    if data.get("lr") is not None:
-        p.number("lr", data["lr"], positive=True, maximum=LIMITS["lr"])
-    if data.get("diverge_above") is not None:
-        k = p.number("diverge_above", data["diverge_above"], positive=True)
-        if k is not None and k <= 1:
-            p.add("diverge_above", f"must be above 1 (a multiple of the run's first loss), got {k}")
-    qt = data.get("quality_target")
-    if qt is not None and p.mapping("quality_target", qt, QUALITY_KEYS, "a mapping with metric and max_worse"):
-        p.require("quality_target", qt, ["metric", "max_worse"])
-        if qt.get("metric") is not None and qt["metric"] not in QUALITY_METRICS:
-            p.add("quality_target.metric", f"must be one of {', '.join(QUALITY_METRICS)}, got {qt['metric']!r}")
-        if qt.get("max_worse") is not None:
-            w = p.number("quality_target.max_worse", qt["max_worse"], positive=True, allow_zero=True)
-            if w is not None and w >= 1:
-                p.add("quality_target.max_worse", f"is a fraction of the control's metric (0.02 = 2 %), got {w}")
-    ev = data.get("eval")
-    if ev is not None and p.mapping("eval", ev, EVAL_KEYS, "a mapping with every_updates, examples, seq_len"):
-        p.require("eval", ev, ["every_updates", "examples", "seq_len"])
-        for key in EVAL_KEYS:
-            if ev.get(key) is not None:
-                p.number(f"eval.{key}", ev[key], positive=True, integer=True, maximum=LIMITS["count"])
-    stop = data.get("stop_if")
-    if stop is not None and p.mapping("stop_if", stop, STOP_KEYS) is not None:
-        if "nonfinite" in stop and p.boolean("stop_if.nonfinite", stop["nonfinite"]) is False:
-            p.add("stop_if.nonfinite", "a non-finite loss always ends a run (its weights are gone); remove the key")
-        if "diverged" in stop:
-            p.boolean("stop_if.diverged", stop["diverged"])
-        if "loss_above" in stop:
-            p.number("stop_if.loss_above", stop["loss_above"], positive=True)
     variants = data.get("variants")
-    ids: set = set()
-    if variants is not None:
-        if not isinstance(variants, list) or not variants:
-            p.add("variants", "must be a non-empty list")
-        else:
-            for i, v in enumerate(variants):
-                path = f"variants[{i}]"
-                if not isinstance(v, dict):
-                    p.add(path, "must be a mapping with id, lr, priority")
-                    continue
-                held = sorted(k for k in v if k in HELD_FIXED)
-                for k in held:
-                    p.add(f"{path}.{k}", f"a variant may change only {', '.join(VARIANT_SETTINGS)} and its "
-                                         f"seed; changing {k} would change the question (architecture, data, "
-                                         f"effective batch and updates stay as the control's)")
-                p.unknown_keys(path, {k: x for k, x in v.items() if k not in held}, VARIANT_KEYS)
-                p.require(path, v, ["id"] if data.get("lr") is not None else ["id", "lr"])
-                if v.get("id") is not None and p.label(f"{path}.id", v["id"]) is not None:
-                    if v["id"] in ids:
-                        p.add(f"{path}.id", f"duplicate variant id {v['id']!r}")
-                    ids.add(v["id"])
-                if v.get("lr") is not None:
-                    p.number(f"{path}.lr", v["lr"], positive=True, maximum=LIMITS["lr"])
-                if v.get("priority") is not None:
-                    p.number(f"{path}.priority", v["priority"], positive=True, integer=True)
-                if v.get("seed") is not None:
-                    p.number(f"{path}.seed", v["seed"], positive=True, allow_zero=True, integer=True)
-                if v.get("micro_batch") is not None:
-                    _micro_batch(p, f"{path}.micro_batch", v["micro_batch"], counts.get("effective_batch"))
-                if v.get("checkpointing") is not None:
-                    p.boolean(f"{path}.checkpointing", v["checkpointing"])
-                if isinstance(v.get("precision"), str):
-                    v["precision"] = canonical_precision(v["precision"])
-                if v.get("precision") is not None and v["precision"] not in PRECISIONS:
-                    p.add(f"{path}.precision", f"must be one of {', '.join(PRECISIONS)}, got {v['precision']!r}")
+    if isinstance(variants, list):  # a held-fixed key in a variant is said as such, not as an unknown key
+        data["variants"] = [_without_held(p, f"variants[{i}]", v) for i, v in enumerate(variants)]
+    spec = validate(CampaignEntry, data, p, "")
+    if spec is not None:
+        _joined_rules(p, spec)
     p.raise_if_any(CampaignError)
-    ev = data["eval"]
+    ev, qt = spec.eval, spec.quality_target
     return Campaign(
-        name=data["name"], workload=data["workload"], params=dict(data.get("params") or {}),
-        effective_batch=_int(data["effective_batch"]), updates=_int(data["updates"]),
-        eval=EvalSpec(_int(ev["every_updates"]), _int(ev["examples"]), _int(ev["seq_len"]),
-                      _int(ev["micro_batch"]) if ev.get("micro_batch") else None),
-        variants=tuple(Variant(id=v["id"], lr=float(v["lr"] if v.get("lr") is not None else data["lr"]),
-                               priority=_int(v.get("priority") or 1), seed=_int(v.get("seed") or 0),
-                               note=str(v.get("note") or ""),
-                               micro_batch=_int(v["micro_batch"]) if v.get("micro_batch") else None,
-                               checkpointing=bool(v["checkpointing"]) if v.get("checkpointing") is not None else None,
-                               precision=v.get("precision")) for v in data["variants"]),
-        seq_len=_int(data["seq_len"]) if data.get("seq_len") else None, export=data.get("export", "model"),
-        setup_hours=float(data.get("setup_hours", 1.0)), precision=data.get("precision", "bf16"),
-        optimizer=data.get("optimizer", "adamw"), checkpointing=bool(data.get("checkpointing", False)),
-        budget_usd=float(data["budget_usd"]) if data.get("budget_usd") else None,
-        stop_if={"nonfinite": True, "diverged": True, **(data.get("stop_if") or {})}, source=source,
-        micro_batch=_int(data["micro_batch"]) if data.get("micro_batch") else None, compare=data.get("compare", "lr"),
-        diverge_above=float(data.get("diverge_above") or DIVERGE_ABOVE),
-        quality_target=QualityTarget(qt["metric"], float(qt["max_worse"])) if qt else None, base_dir=base_dir,
-        save_every_updates=_int(data["save_every_updates"]) if data.get("save_every_updates") else None)
+        name=spec.name, workload=spec.workload, params=dict(spec.params or {}),
+        effective_batch=spec.effective_batch, updates=spec.updates,
+        eval=EvalSpec(ev.every_updates, ev.examples, ev.seq_len, ev.micro_batch),
+        variants=tuple(Variant(id=v.id, lr=float(v.lr if v.lr is not None else spec.lr), priority=v.priority or 1,
+                               seed=v.seed or 0, note=v.note or "", micro_batch=v.micro_batch,
+                               checkpointing=v.checkpointing, precision=v.precision) for v in spec.variants),
+        seq_len=spec.seq_len, export=spec.export, setup_hours=float(spec.setup_hours), precision=spec.precision,
+        optimizer=spec.optimizer, checkpointing=spec.checkpointing, budget_usd=spec.budget_usd or None,
+        stop_if={"nonfinite": True, "diverged": True,
+                 **(spec.stop_if.model_dump(exclude_none=True) if spec.stop_if else {})},
+        source=source, micro_batch=spec.micro_batch, compare=spec.compare,
+        diverge_above=float(spec.diverge_above or DIVERGE_ABOVE),
+        quality_target=QualityTarget(qt.metric, float(qt.max_worse)) if qt else None, base_dir=base_dir,
+        save_every_updates=spec.save_every_updates)
 
 
-def _micro_batch(p: Problems, path: str, value, effective_batch) -> None:
-    mb = p.number(path, value, positive=True, integer=True, maximum=LIMITS["effective_batch"])
-    if mb and effective_batch and int(effective_batch) % int(mb):
-        p.add(path, f"{int(mb)} does not divide effective_batch {int(effective_batch)} (accumulation must be whole)")
+def _without_held(p: Problems, path: str, v):
+    if not isinstance(v, dict):
+        return v
+    for k in sorted(k for k in v if k in HELD_FIXED):
+        p.add(f"{path}.{k}", f"a variant may change only {', '.join(VARIANT_SETTINGS)} and its seed; changing "
+                             f"{k} would change the question (architecture, data, effective batch and updates "
+                             "stay as the control's)")
+    return {k: x for k, x in v.items() if k not in HELD_FIXED}
 
 
-def _int(x) -> int:
-    return int(float(x))  # validated above; numbers written as 1e3 arrive as strings
+def _joined_rules(p: Problems, spec) -> None:
+    if spec.params is not None:
+        for key in FILE_PARAMS:  # files the launch carries to the rented machine
+            if spec.params.get(key) is not None:
+                p.label(f"params.{key}", spec.params[key])
+    if not spec.variants:
+        p.add("variants", "must be a non-empty list")
+    if spec.diverge_above is not None and spec.diverge_above <= 1:
+        p.add("diverge_above", f"must be above 1 (a multiple of the run's first loss), got {spec.diverge_above:g}")
+    if spec.quality_target is not None and spec.quality_target.max_worse >= 1:
+        p.add("quality_target.max_worse", "is a fraction of the control's metric (0.02 = 2 %), got "
+                                          f"{spec.quality_target.max_worse:g}")
+    if spec.stop_if is not None and spec.stop_if.nonfinite is False:
+        p.add("stop_if.nonfinite", "a non-finite loss always ends a run (its weights are gone); remove the key")
+    if spec.micro_batch is not None:
+        _micro_batch(p, "micro_batch", spec.micro_batch, spec.effective_batch)
+    ids: set = set()
+    for i, v in enumerate(spec.variants):
+        if v.lr is None and spec.lr is None:
+            p.add(f"variants[{i}].lr", "missing")
+        if v.id in ids:
+            p.add(f"variants[{i}].id", f"duplicate variant id {v.id!r}")
+        ids.add(v.id)
+        if v.micro_batch is not None:
+            _micro_batch(p, f"variants[{i}].micro_batch", v.micro_batch, spec.effective_batch)
+
+
+def _micro_batch(p: Problems, path: str, mb: int, effective_batch: int) -> None:
+    if effective_batch % mb:
+        p.add(path, f"{mb} does not divide effective_batch {effective_batch} (accumulation must be whole)")
 
 
 def judge_loss(loss: float, first_loss: float | None, diverge_above: float) -> str | None:

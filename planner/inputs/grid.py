@@ -14,11 +14,9 @@ from planner.errors import InputError
 from planner.models.kernels import TARGETS
 from planner.records import canonical_precision, OPTIMIZERS, PRECISIONS, ProbeConfig
 from planner.units import parse_size
+from planner.inputs.schema import GridEntry, validate
 from planner.inputs.yamlsafe import Problems, load_yaml_file
 
-GRID_KEYS = {"workload", "params", "micro_batch", "seq_len", "eval_seq_len", "eval_micro_batch", "precision",
-             "checkpointing", "optimizer", "grad_accum", "effective_batch", "steady_updates", "lr", "cap",
-             "device", "timeout_s", "strategy", "nproc"}
 ON = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
 
 
@@ -160,7 +158,7 @@ def load_grid_file(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         problems.add("", "must be a mapping of option names to values")
         problems.raise_if_any()
-    problems.unknown_keys("", data, GRID_KEYS)
+    validate(GridEntry, data, problems, "")  # types and bounds by key, in the file's own terms
     problems.raise_if_any()
     return data
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from planner.inputs.yamlsafe import Problems
+from planner.records import canonical_precision
 
 
 def _rule(method: str, **kw):
@@ -145,6 +146,226 @@ def _message(err: dict, model: type[Entry]) -> str:
         return str(err["ctx"]["error"])
     if kind == "literal_error":
         return f"must be one of {err['ctx']['expected']}"
-    if kind in ("tuple_type", "list_type"):
+    if kind == "tuple_type":
         return "must be a list of names"
+    if kind == "list_type":
+        return "must be a list"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return "must be a mapping"
     return err["msg"][0].lower() + err["msg"][1:]
+
+
+# ---------------------------------------------------------------- the campaign spec (campaign.yaml)
+
+def _choice(options: tuple[str, ...], canonical=None):
+    """One of `options` (after `canonical`, e.g. Lightning's precision names), said with the value given."""
+    def validate(value: Any):
+        v = canonical(value) if canonical and isinstance(value, str) else value
+        if v not in options:
+            raise ValueError(f"must be one of {', '.join(options)}, got {Problems.show(value)}")
+        return v
+    return BeforeValidator(validate)
+
+
+def Choice(options, canonical=None):  # noqa: N802  a type constructor
+    return Annotated[str, _choice(tuple(options), canonical)]
+
+
+def _text(value: Any):
+    return value if value is None else str(value)
+
+
+class EvalSpecEntry(Entry):
+    every_updates: Whole(positive=True, maximum=10**9)
+    examples: Whole(positive=True, maximum=10**9)
+    seq_len: Whole(positive=True, maximum=10**9)
+    micro_batch: Whole(positive=True, maximum=10**9) | None = None
+
+
+class StopEntry(Entry):
+    nonfinite: Flag | None = None
+    diverged: Flag | None = None
+    loss_above: Number(positive=True) | None = None
+
+
+class QualityEntry(Entry):
+    metric: Choice(("val_loss", "val_accuracy"))
+    max_worse: Number(positive=True, allow_zero=True)
+
+
+def spec_models(limits: dict, precisions, optimizers, exports, settings):
+    """The campaign spec's models, bounded by the spec module's own limits and choices (one place for each)."""
+    Precision = Choice(precisions, canonical=canonical_precision)
+    MicroBatch = Whole(positive=True, maximum=limits["effective_batch"])
+    Lr = Number(positive=True, maximum=limits["lr"])
+
+    class VariantEntry(Entry):
+        id: Label
+        lr: Lr | None = None
+        priority: Whole(positive=True, maximum=10**9) | None = None
+        seed: Whole(positive=True, allow_zero=True, maximum=2**63 - 1) | None = None
+        note: Annotated[str | None, BeforeValidator(_text)] = None
+        micro_batch: MicroBatch | None = None
+        checkpointing: Flag | None = None
+        precision: Precision | None = None
+
+    class CampaignEntry(Entry):
+        name: Label
+        workload: Label
+        params: dict[str, Any] | None = None
+        effective_batch: Whole(positive=True, maximum=limits["effective_batch"])
+        updates: Whole(positive=True, maximum=limits["updates"])
+        seq_len: Whole(positive=True, maximum=limits["seq_len"]) | None = None
+        eval: EvalSpecEntry
+        export: Choice(exports) = "model"
+        setup_hours: Number(positive=True, allow_zero=True, maximum=limits["setup_hours"]) = 1.0
+        stop_if: StopEntry | None = None
+        variants: list[VariantEntry]
+        precision: Precision = "bf16"
+        optimizer: Choice(optimizers) = "adamw"
+        checkpointing: Flag = False
+        budget_usd: Number(positive=True, maximum=limits["budget_usd"]) | None = None
+        compare: Choice(settings) = "lr"
+        micro_batch: MicroBatch | None = None
+        lr: Lr | None = None
+        diverge_above: Number(positive=True) | None = None
+        quality_target: QualityEntry | None = None
+        save_every_updates: Whole(positive=True, maximum=limits["updates"]) | None = None
+
+    return CampaignEntry, VariantEntry
+
+
+# ---------------------------------------------------------------- order.json (what `verify` reads on the machine)
+
+class Open(Entry):
+    """An object with the fields below checked and others (provenance, notes) kept as written."""
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+def _listed(pattern: str, what: str, allowed: tuple[str, ...] | None = None):
+    rx = re.compile(pattern)
+
+    def validate(value: Any):
+        if not isinstance(value, list) or not all(
+                isinstance(x, str) and rx.fullmatch(x) and (allowed is None or x in allowed) for x in value):
+            raise ValueError(f"must be {what}, got {Problems.show(value)}")
+        return tuple(value)
+    return Annotated[tuple[str, ...], BeforeValidator(validate)]
+
+
+def order_models(device_kinds: tuple[str, ...], precisions, optimizers, extras: tuple[str, ...], module: str,
+                 torch_requirement: str, format_name: str):
+    Count = Whole(positive=True, maximum=1 << 20)
+
+    class ExpectEntry(Open):
+        device_kind: Choice(device_kinds)
+        gpu_id: Label | None = None
+        gpu_name: Label | None = None
+        usable_bytes: Number(positive=True, maximum=2**50) | None = None
+        gpus: Whole(positive=True, allow_zero=True, maximum=4096) | None = None
+
+    class SettingsEntry(Open):
+        workload: Label
+        params: dict[str, Any]
+        precision: Choice(precisions, canonical=canonical_precision)
+        optimizer: Choice(optimizers)
+        checkpointing: Flag | None = None
+        micro_batch: Count
+        grad_accum: Count
+        seq_len: Count
+        eval_micro_batch: Count
+        eval_seq_len: Count
+
+    class PlanEntry(Open):
+        need_bytes: Number(positive=True, maximum=2**60)
+        update_s_low: Number(positive=True) | None = None
+        update_s_high: Number(positive=True) | None = None
+
+    class StackEntry(Open):
+        torch_build: Choice(device_kinds)
+        torch_requirement: Annotated[str, _matching(torch_requirement, "like 'torch==2.13.0'")]
+        extras: _listed(r".+", f"a list of rentplan extras ({', '.join(extras)})", extras)
+        packages: _listed(module, 'a list of module names like ["torch", "safetensors"]')
+
+    class OfferRef(Open):
+        id: Ident | None = None
+
+    class OrderEntry(Open):
+        format: Annotated[str, _matching(re.escape(format_name), f"{format_name!r}: not a rentplan order")]
+        expect: ExpectEntry
+        settings: SettingsEntry
+        plan: PlanEntry
+        stack: StackEntry
+        campaign: Label | None = None
+        offer: OfferRef | None = None
+
+    return OrderEntry
+
+
+# ---------------------------------------------------------------- an archive's manifest.json
+
+class ArchivedFile(Open):
+    sha256: Annotated[str, _matching(r"[0-9a-f]{64}", "a sha256 (64 hex digits)")]
+    bytes: Whole(positive=True, allow_zero=True, maximum=2**60) | None = None
+
+
+class ManifestEntry(Open):
+    format: Annotated[str, _matching(r"rentplan-archive/1", "'rentplan-archive/1'")]
+    run_id: Label
+    files: dict[str, ArchivedFile]
+
+
+# ---------------------------------------------------------------- a probe grid file (probe --grid FILE)
+
+def _comma_list(item):
+    """A YAML list or a comma string ("1,2,4"), each item checked by `item` (a Problems rule name)."""
+    def validate(value: Any):
+        items = value if isinstance(value, list) else str(value).split(",") if isinstance(value, (str, int)) \
+            and not isinstance(value, bool) else None
+        if items is None or not items:
+            raise ValueError(f"must be a list or a comma string like '1,2,4', got {Problems.show(value)}")
+        out = []
+        for i, x in enumerate(items):
+            p = Problems("")
+            got = item(p, x.strip() if isinstance(x, str) else x)
+            if p.items:
+                raise ValueError(f"item {i + 1}: {p.items[0]}")
+            out.append(got)
+        return value
+    return Annotated[Any, BeforeValidator(validate)]
+
+
+def _whole_item(p: Problems, x):
+    return p.number("", x, positive=True, integer=True, maximum=1 << 20)
+
+
+def _word_item(p: Problems, x):
+    return p.ident("", x)
+
+
+def _switch_item(p: Problems, x):
+    if isinstance(x, bool) or str(x).lower() in ("on", "off", "true", "false", "yes", "no", "1", "0"):
+        return x
+    p.add("", f"must be on or off, got {Problems.show(x)}")
+
+
+class GridEntry(Entry):
+    """The keys of `probe`'s options; their values are then read as the options are (planner/inputs/grid)."""
+    workload: Label | None = None
+    params: dict[str, Any] | list[Label] | None = None
+    micro_batch: _comma_list(_whole_item) = None
+    seq_len: _comma_list(_whole_item) = None
+    eval_seq_len: _comma_list(_whole_item) = None
+    grad_accum: _comma_list(_whole_item) = None
+    precision: _comma_list(_word_item) = None
+    optimizer: _comma_list(_word_item) = None
+    checkpointing: _comma_list(_switch_item) = None
+    eval_micro_batch: Whole(positive=True, maximum=1 << 20) | None = None
+    effective_batch: Whole(positive=True, maximum=1 << 20) | None = None
+    steady_updates: Whole(positive=True, maximum=10_000) | None = None
+    nproc: Whole(positive=True, maximum=1024) | None = None
+    lr: Number(positive=True, maximum=1e6) | None = None
+    timeout_s: Number(positive=True, maximum=1e7) | None = None
+    cap: Label | None = None
+    device: Label | None = None
+    strategy: Choice(("single", "ddp", "fsdp")) | None = None

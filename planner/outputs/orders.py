@@ -16,6 +16,7 @@ import pandas as pd
 
 from planner.errors import InputError
 from planner.records import OPTIMIZERS, PRECISIONS
+from planner.inputs.schema import order_models, validate
 from planner.inputs.yamlsafe import Problems
 
 FORMAT = "rentplan-order/1"
@@ -188,77 +189,22 @@ def load_order(path: str | Path) -> dict:
     return order
 
 
+OrderEntry = order_models(DEVICE_KINDS, PRECISIONS, OPTIMIZERS, tuple(EXTRAS), MODULE.pattern,
+                          TORCH_REQUIREMENT.pattern, FORMAT)
+
+
 def check_order(order, source: str) -> None:
+    """order.json by its schema (planner/inputs/schema.order_models), then what joins fields: a GPU order names
+    its GPU."""
     p = Problems(source)
     if not isinstance(order, dict):
         p.add("", "an order must be a JSON object (format, expect, settings, plan)")
         p.raise_if_any()
-    if order.get("format") != FORMAT:
-        p.add("format", f"must be {FORMAT!r}, got {order.get('format')!r}: not a rentplan order")
-    p.require("", order, ["expect", "settings", "plan"])
-    exp, settings, plan = order.get("expect"), order.get("settings"), order.get("plan")
-    if isinstance(exp, dict):
-        if exp.get("device_kind") not in DEVICE_KINDS:
-            p.add("expect.device_kind", f"must be one of {', '.join(DEVICE_KINDS)}, got {exp.get('device_kind')!r}")
-        if exp.get("device_kind") in ("cuda", "rocm"):
-            p.require("expect", exp, ["gpu_id", "gpu_name", "usable_bytes"])
-            for key in ("gpu_id", "gpu_name"):
-                if exp.get(key) is not None:
-                    p.text(f"expect.{key}", exp[key])
-        if exp.get("usable_bytes") is not None:
-            p.number("expect.usable_bytes", exp["usable_bytes"], positive=True, maximum=2**50)
-        if exp.get("gpus") is not None:
-            p.number("expect.gpus", exp["gpus"], positive=True, allow_zero=True, integer=True, maximum=4096)
-    elif exp is not None:
-        p.add("expect", "must be an object")
-    if isinstance(settings, dict):
-        p.require("settings", settings, ["workload", "params", "precision", "optimizer", "micro_batch", "grad_accum",
-                                         "seq_len", "eval_micro_batch", "eval_seq_len"])
-        if settings.get("workload") is not None:
-            p.label("settings.workload", settings["workload"])
-        if settings.get("params") is not None and not isinstance(settings["params"], dict):
-            p.add("settings.params", "must be an object of workload parameters")
-        if settings.get("precision") is not None and settings["precision"] not in PRECISIONS:
-            p.add("settings.precision", f"must be one of {', '.join(PRECISIONS)}, got {settings['precision']!r}")
-        if settings.get("optimizer") is not None and settings["optimizer"] not in OPTIMIZERS:
-            p.add("settings.optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {settings['optimizer']!r}")
-        if settings.get("checkpointing") is not None:
-            p.boolean("settings.checkpointing", settings["checkpointing"])
-        for key in ("micro_batch", "grad_accum", "seq_len", "eval_micro_batch", "eval_seq_len"):
-            if settings.get(key) is not None:
-                p.number(f"settings.{key}", settings[key], positive=True, integer=True, maximum=1 << 20)
-    elif settings is not None:
-        p.add("settings", "must be an object")
-    if isinstance(plan, dict):
-        p.require("plan", plan, ["need_bytes"])
-        if plan.get("need_bytes") is not None:
-            p.number("plan.need_bytes", plan["need_bytes"], positive=True, maximum=2**60)
-        for key in ("update_s_low", "update_s_high"):
-            if plan.get(key) is not None:
-                p.number(f"plan.{key}", plan[key], positive=True)
-    elif plan is not None:
-        p.add("plan", "must be an object")
-    stack = order.get("stack")
-    if not isinstance(stack, dict):
-        p.add("stack", "missing: the torch build, rentplan's extras and the packages the machine must have")
-    else:
-        if stack.get("torch_build") not in DEVICE_KINDS:
-            p.add("stack.torch_build", f"must be one of {', '.join(DEVICE_KINDS)}, got {stack.get('torch_build')!r}")
-        if not isinstance(stack.get("torch_requirement"), str) or not TORCH_REQUIREMENT.fullmatch(
-                stack["torch_requirement"]):
-            p.add("stack.torch_requirement", f"must be like 'torch==2.13.0', got {stack.get('torch_requirement')!r}")
-        extras = stack.get("extras")
-        if not isinstance(extras, list) or not all(isinstance(x, str) and x in EXTRAS for x in extras):
-            p.add("stack.extras", f"must be a list of rentplan extras ({', '.join(EXTRAS)}), got {extras!r}"[:300])
-        packages = stack.get("packages")
-        if not isinstance(packages, list) or not all(isinstance(x, str) and MODULE.fullmatch(x) for x in packages):
-            p.add("stack.packages", f"must be a list of module names like [\"torch\", \"safetensors\"], got "
-                                    f"{packages!r}"[:300])
-    for key in ("campaign",):
-        if order.get(key) is not None:
-            p.label(key, order[key])
-    if isinstance(order.get("offer"), dict) and order["offer"].get("id") is not None:
-        p.ident("offer.id", order["offer"]["id"])
+    entry = validate(OrderEntry, order, p, "")
+    if entry is not None and entry.expect.device_kind in ("cuda", "rocm"):
+        for key in ("gpu_id", "gpu_name", "usable_bytes"):
+            if getattr(entry.expect, key) is None:
+                p.add(f"expect.{key}", "missing")
     p.raise_if_any()
 
 

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from planner.inputs.schema import ManifestEntry, validate
+from planner.inputs.yamlsafe import Problems
+
 from planner.errors import InputError
 from planner.ledger import Ledger
 
@@ -77,12 +80,13 @@ def verify_archive(dest: Path, recorded=None) -> tuple[list[str], str]:
         return [f"no {MANIFEST} in {dest}"], "nothing to check against"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
-        files = manifest["files"]
-        if not isinstance(files, dict) or not all(isinstance(v, dict) and isinstance(v.get("sha256"), str)
-                                                  for v in files.values()):
-            raise TypeError("files must map names to {sha256, bytes}")
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:
         raise InputError(f"{path} is not a rentplan archive manifest ({e}).") from None
+    p = Problems(str(path))
+    entry = validate(ManifestEntry, manifest, p, "")
+    if entry is None:
+        raise InputError(f"{path} is not a rentplan archive manifest: " + "; ".join(p.items[:8]))
+    files = {name: {"sha256": f.sha256, "bytes": f.bytes} for name, f in entry.files.items()}
     problems = []
     root = Path(os.path.abspath(dest))
     for name, info in files.items():
