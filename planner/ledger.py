@@ -67,7 +67,8 @@ class Ledger:
         self.read_only = not create
         self.backup: Path | None = None  # where an older ledger was copied before this handle migrated it
         if not create and not self.path.exists():
-            raise LedgerError(f"no ledger at {self.path}. Run `rentplan probe` first, or pass --ledger PATH.")
+            raise LedgerError(f"no ledger at {self.path}. Pass --ledger PATH, or make one: `rentplan probe` (pilot "
+                              "lines) or `rentplan campaign run SPEC` (campaign runs).")
         if self.path.is_dir():
             raise LedgerError(f"{self.path} is a folder, not a ledger file. Pass --ledger FILE.")
         existed = {p for p in self._companions() if p.exists()} | ({self.path} if self.path.exists() else set())

@@ -26,7 +26,11 @@ def _builtin(name: str):
     from probes.builtin import BUILTINS
 
     if name not in BUILTINS:
-        raise WorkloadError(f"unknown built-in workload {name!r}. Built-ins: {', '.join(sorted(BUILTINS))}.")
+        import difflib
+
+        hint = difflib.get_close_matches(name, list(BUILTINS), n=1)
+        raise WorkloadError(f"unknown built-in workload {name!r}" + (f" (did you mean builtin:{hint[0]}?)" if hint
+                            else "") + f". Built-ins: {', '.join(sorted(BUILTINS))}.")
     return BUILTINS[name]
 
 
@@ -55,7 +59,14 @@ def _import_file(target: str, ref: str):
         raise WorkloadError(f"workload file {target} is not a .py file (from {ref!r}); name your workload as "
                             "path/to/file.py:function.")
     if not path.is_file():
-        raise WorkloadError(f"workload file {target} not found (from {ref!r}).")
+        import difflib
+
+        folder = path.parent if str(path.parent) else Path(".")
+        near = difflib.get_close_matches(path.name, [p.name for p in folder.glob("*.py")], n=1) \
+            if folder.is_dir() else []
+        raise WorkloadError(f"workload file {target} not found (from {ref!r})" + (
+            f": did you mean {folder / near[0]}?" if near else ". Pass -w path/to/file.py:function (a path from "
+                                                               "the folder you run in)."))
     mod_name = f"rentplan_workload_{zlib.crc32(str(path.resolve()).encode())}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     module = importlib.util.module_from_spec(spec)

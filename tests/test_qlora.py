@@ -147,3 +147,6 @@ def test_8b_qlora_is_planned_for_a_24_gb_card_from_its_estimate(tmp_path, monkey
     row = pd.read_csv(tmp_path / "out" / "selection.csv").set_index("offer").loc["vast-rtx_4090-1x"]
     assert row["verdict"] in ("fits", "tight") and row["seq_len"] == 1024  # the sheet states both
     assert (row["micro_batch"], row["grad_accum"]) == (s["micro_batch"], s["grad_accum"])
+    html = (tmp_path / "out" / "order_sheet.html").read_text()  # the cheap 24 GB cards are rows of the HTML table
+    for offer in ("vast-rtx_4090-1x", "vast-rtx_3090-2x"):
+        assert f'<td class="sticky">{offer}</td>' in html, offer

@@ -85,12 +85,12 @@ def test_memory_picture_shows_the_planned_shape_first_and_hides_nothing(tiny_pla
     assert axes[0].get_title().startswith("planned shape") and "checkpointing off" in axes[0].get_title()
     legend = fig.legends[0].get_window_extent(renderer)
     for ax in axes:
-        assert not legend.overlaps(ax.get_window_extent(renderer))  # the legend sits above, over no bar
-    labels = [t.get_window_extent(renderer) for t in axes[-1].texts]
-    assert len(labels) >= 2
-    for i, a in enumerate(labels):
-        for b in labels[i + 1:]:
-            assert not a.overlaps(b), "GPU labels overlap"
+        assert not legend.overlaps(ax.get_window_extent(renderer))  # the legend sits below, over no bar
+    # each candidate GPU is named once, in the legend beside its line's style (labels beside lines overlapped
+    # each other and the panel's edge), the ordered one said as such
+    names = [t.get_text() for t in fig.legends[0].get_texts() if "fits below" in t.get_text()]
+    assert len(names) >= 2 and len(set(names)) == len(names)
+    assert sum("(ordered)" in n for n in names) == 1
     assert "planned shape" in caption
 
 
@@ -109,3 +109,37 @@ def test_max_micro_batch_picture_marks_search_limits(tiny_plan):
     fig, caption = max_mb_figure(tiny_plan.sheet)
     assert any("search limit" in t.get_text() for t in fig.axes[0].texts)
     assert "search limit" in caption
+
+
+def test_the_decision_picture_draws_every_window_and_keeps_its_labels_inside_and_apart(tiny_plan):
+    """A helper's finding: the 30-day window was not drawn when the offers' hours were short, a point's label
+    covered the 3-day window's, and a label was pushed below the plot over the tick labels."""
+    from planner.outputs.figures import decision_figure
+
+    fig, _ = decision_figure(tiny_plan.sheet, tiny_plan.plans)
+    renderer = _boxes(fig)
+    ax = fig.axes[0]
+    frame = ax.get_window_extent(renderer)
+    windows = [t for t in ax.texts if t.get_text().endswith("-day window")]
+    assert sorted(t.get_text() for t in windows) == sorted(f"{d}-day window" for d in tiny_plan.plans["days"].unique())
+    low, high = ax.get_ylim()
+    assert high >= 24 * tiny_plan.plans["days"].max()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    for i, a in enumerate(boxes):
+        assert frame.x0 - 1 <= a.x0 and a.x1 <= frame.x1 + 1 and frame.y0 - 1 <= a.y0 and a.y1 <= frame.y1 + 1
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b)
+
+
+def test_max_micro_batch_bars_end_at_their_micro_batch():
+    """Bars started at 0.5 with the value as their width, so the bar of 4 ended near 4.5 on the log axis."""
+    import pandas as pd
+
+    from planner.outputs.figures import max_mb_figure
+
+    sheet = pd.DataFrame({"gpu": ["a", "b", "c"], "usable_bytes": [8 * 2**30, 16 * 2**30, 24 * 2**30],
+                          "max_micro_batch": [0, 1, 4], "max_micro_batch_extrapolated": [False, False, True],
+                          "seq_len": [256] * 3, "need_basis": ["x"] * 3})
+    fig, _ = max_mb_figure(sheet)
+    bars = [p for p in fig.axes[0].patches if p.get_width() == p.get_width()]  # NaN bars (no fit) drawn as words
+    assert sorted(round(b.get_x() + b.get_width(), 6) for b in bars) == [1.0, 4.0]

@@ -91,3 +91,61 @@ def test_names_cannot_break_the_markdown_sheet(tmp_path, monkeypatch):
     plans = md.split("## Plans")[1].split("\n\n")[1]
     rows = [line for line in plans.splitlines() if line.startswith("|") and not line.startswith("|---")]
     assert {line.count(" | ") for line in rows} == {8}  # no extra column
+
+
+# ---------------------------------------------------------------- a helper's findings, round 2 (issue 27)
+
+def test_a_two_point_line_says_it_is_exact_by_construction_not_validated(tmp_path, monkeypatch):
+    """A line through two points has no error on them whatever the truth: '0.00 %' read as validated."""
+    lines = []
+    for mb in (1, 2):
+        cfg = config(micro_batch=mb, seq_len=256, eval_seq_len=256, eval_micro_batch=mb)
+        lines += pilot_lines(cfg, 200 * 2**20 + mb * 2**20)
+    md, _ = plan(tmp_path, monkeypatch, write_ledger(tmp_path / "l.db", lines))
+    assert "through 2 point(s), exact by construction: not validated" in md
+    assert "max error on them 0.00%" not in md and "fit3" not in md
+
+
+@pytest.mark.slow
+def test_estimate_under_a_cap_below_the_weights_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["estimate", "-p", "layers=2", "-p", "d_model=256", "-p", "heads=4", "-p",
+                                 "vocab=4096", "--seq-len", "64", "--micro-batch", "1", "--cap", "2MiB",
+                                 "--target", "sm80+", "--ledger", "l.db"])
+    assert r.exit_code == 1 and "the cap is below the model's own weights" in r.output
+    assert "drop --cap" in r.output
+
+
+@pytest.mark.slow
+def test_a_parameter_that_breaks_every_configuration_ends_with_an_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["probe", "-w", "builtin:gpt", "-p", "d_model=abc", "--micro-batch", "1",
+                                 "--seq-len", "8", "--ledger", "l.db"])
+    assert r.exit_code == 1 and "every configuration failed before it measured anything" in r.output, r.output
+    assert "rentplan inspect -w builtin:gpt" in r.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["probe", "-w", "script:train"], "run it with --script FILE"),
+    (["probe", "-w", "builtin:gtp"], "did you mean builtin:gpt?"),
+    (["verify", "nowhere/order.json"], "Make one with `rentplan plan --out DIR`"),
+    (["campaign", "report", "--campaign", "x", "--ledger", "none.db"], "`rentplan campaign run SPEC`"),
+    (["archive", "verify", "."], "Make one with `rentplan archive RUN --to"),
+])
+def test_errors_name_the_next_command(tmp_path, monkeypatch, args, says):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 1 and says in r.output, r.output
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_estimate_help_offers_no_script_workload():
+    assert "script:NAME" not in CliRunner().invoke(cli, ["estimate", "--help"]).output
+
+
+def test_a_note_on_a_run_the_ledger_does_not_hold_is_refused(tmp_path):
+    led = standard_ledger(tmp_path / "l.db")
+    r = CliRunner().invoke(cli, ["note", "typo run", "--run", "c-nope", "--ledger", led])
+    assert r.exit_code == 1 and "no run c-nope" in r.output
+    r = CliRunner().invoke(cli, ["note", "x", "--ledger", str(tmp_path / "new.db")])
+    assert r.exit_code == 1 and not (tmp_path / "new.db").exists()

@@ -205,7 +205,7 @@ def archive(target, folder, dest, ledger_path, out):
         raise InputError("archive RUN needs --to DIR.")
     if Path(dest).exists() and (not Path(dest).is_dir() or any(Path(dest).iterdir())):
         raise InputError(f"{dest} is not empty: an archive is written into a new or empty folder, so that "
-                         "nothing else is folded into its manifest.")
+                         "nothing else is folded into its manifest. Pass --to NEW_FOLDER.")
     files = archive_run(ledger_path, target, Path(dest), Path(out))
     click.echo(f"archived {target} to {dest}: {', '.join(files)}")
 
@@ -221,6 +221,11 @@ def note(text, run_id, ledger_path):
     Example: rentplan note "lr 3e-4 diverges past update 400" --run c-1a2b3c4d5e"""
     from datetime import datetime, timezone
 
+    with Ledger(ledger_path, create=False) as led:  # a note goes into an existing ledger, on a run it holds
+        if run_id is not None and run_id not in set(led.table("campaign_runs")["run_id"]) | set(
+                led.frame()["run_id"]):
+            raise InputError(f"no run {run_id} in {ledger_path}: `rentplan campaign report` lists campaign runs, "
+                             "`rentplan ledger show` the probes' runs.")
     with Ledger(ledger_path) as led:
         led.add("notes", {"run_id": run_id, "text": text, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     click.echo("noted")

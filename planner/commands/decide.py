@@ -200,7 +200,7 @@ def demo(ledger_path, out, device):
 # ---------------------------------------------------------------- verify
 
 @click.command()
-@click.argument("order_path", type=click.Path(exists=True, dir_okay=False))
+@click.argument("order_path", type=click.Path(dir_okay=False))
 @click.option("--ledger", "ledger_path", default=None, type=click.Path(dir_okay=False),
               help="keep the verification pilot's lines here (default: a temporary ledger)")
 @click.option("--skip-pilot", is_flag=True, help="check the stack only")

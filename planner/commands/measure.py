@@ -69,6 +69,9 @@ def probe(ledger_path, timeout_s, retry_failed, find, fmt, script_path, script_a
     checked_timeout(timeout_s)
     if script_path or script_args:
         return probe_script(script_path, list(script_args), ledger_path, timeout_s, fmt, opts)
+    if str(opts.get("workload") or "").startswith("script:"):
+        raise InputError(f"-w {opts['workload']} names the lines of a plain script: run it with --script FILE, e.g. "
+                         f"`rentplan probe --script train.py -w {opts['workload']} -- ARGS`.")
     spec = spec_from_options(opts)
     if find:
         return run_find(spec, find, ledger_path, fmt)
@@ -77,12 +80,26 @@ def probe(ledger_path, timeout_s, retry_failed, find, fmt, script_path, script_a
     click.echo(render(lines_view(frame, fmt), fmt))
     if result.interrupted:
         raise KeyboardInterrupt
+    nothing_measured(frame, spec, ledger_path, "size it without a cap: `rentplan estimate`")
+
+
+def nothing_measured(frame: pd.DataFrame, spec: GridSpec, ledger_path: str, uncapped: str) -> None:
+    """Every configuration ended before it measured anything: the lines stay in the ledger (they are verdicts),
+    and the command ends with an Error saying what to do, not a table and status 0."""
     setup = frame[frame["phase"] == "setup"] if len(frame) else frame
-    if spec.cap and len(setup) and (setup["verdict"] == "oom").all():  # nothing was measured: say what to do
+    if not len(setup):
+        return
+    if spec.cap and (setup["verdict"] == "oom").all():
         raise InputError(f"under --cap {spec.cap} not even the model and its optimizer were built (setup ended "
                          f"oom in every configuration; the lines are in {ledger_path}): the cap is below the "
-                         "model's own weights. Give a larger GPU or size (`rentplan catalog list`), or size it "
-                         "without a cap: `rentplan estimate`.")
+                         f"model's own weights. Give a larger GPU or size (`rentplan catalog list`), or {uncapped}.")
+    failed = frame[frame["verdict"].isin(["error", "timeout", "killed"])]
+    if not (frame["verdict"] == "ok").any() and len(failed):
+        first = failed.iloc[0]
+        raise InputError(f"every configuration failed before it measured anything: {first['phase']} ended "
+                         f"{first['verdict']}: {str(first['detail'])[:300]}. The lines are in {ledger_path}. Check "
+                         f"the workload and its -p values with `rentplan inspect -w {spec.workload}`, then run "
+                         "the same command again.")
 
 
 SCRIPT_OPTIONS = {"workload", "steady_updates", "eval_seq_len", "cap", "catalog_path", "device"}
@@ -142,6 +159,8 @@ def estimate(ledger_path, target, timeout_s, fmt, **opts):
     df = read_lines(ledger_path)
     df = df[df["config_key"].isin({c.key() for c in build_grid(spec)})]
     click.echo(render(lines_view(df, fmt), fmt))
+    if not result.interrupted:
+        nothing_measured(result.frame(), spec, ledger_path, "drop --cap to see the need it has")
     if fmt in ("table", "markdown"):
         click.echo("estimated: allocated bytes under FakeTensorMode with each target's kernels; reserved simulated "
                    "by a model of CUDA's caching allocator; no times (the planner times from the op census).")
@@ -173,3 +192,8 @@ def run_find(spec: GridSpec, find: str, ledger_path: str, fmt: str) -> None:
                f" ({res.bound}; no failure up to it)" if res.bound else " (no failure up to the search limit)")
     click.echo(f"largest {what} that ran under cap {spec.cap}: {res.best}{bracket}. "
                f"{res.real_probes} real probe(s) after {res.estimate_probes} estimate(s).")
+
+
+for _param in estimate.params:  # estimate runs no script: its -w help leaves script:NAME out
+    if _param.name == "workload":
+        _param.help = _param.help.replace(" | script:NAME (with --script)", "")

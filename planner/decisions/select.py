@@ -14,7 +14,7 @@ import pandas as pd
 
 from planner.inputs.campaign_spec import Campaign
 from planner.inputs.catalog import Catalog, Gpu, Offer
-from planner.errors import LedgerError, NoFeasibleGpu
+from planner.errors import CampaignError, LedgerError, NoFeasibleGpu
 from planner.decisions.evidence import Evidence, choose, run_facts
 from planner.decisions.selfcheck import estimate_check
 from planner.models.kernels import kernel_target
@@ -283,6 +283,12 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
     max_mb, mb_extrap = max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len, budget)
     positions, positions_basis = fam.evidence.position_limit
+    if positions and max(seq, campaign.eval.seq_len) > positions:  # no GPU makes the model take longer inputs
+        raise CampaignError(f"the campaign's sequence length {max(seq, campaign.eval.seq_len):,} (seq_len or "
+                            f"eval.seq_len) is past the model's position limit {positions:,} ({positions_basis}): "
+                            "the model cannot take it on any GPU. Lower seq_len / eval.seq_len in the spec to at "
+                            f"most {positions:,}, or give the workload a longer limit (a -p parameter or its "
+                            "config) and probe it again.")
     seq_limit = min(SEQ_LIMIT, positions or SEQ_LIMIT)
     max_seq, seq_extrap = max_seq_len(fam.memory, 1, budget, seq_limit)
     # nothing fits with the headroom: the largest that fits the usable memory itself is planned, called tight, and
@@ -296,10 +302,10 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     plan = choose_strategy(campaign, catalog, gpu, offer, fam, precision, seq, plan_mb, headroom,
                            fams.sharded(precision, offer.gpus_per_instance * offer.nodes))
     need, mb, accum, replicas = plan["need"], plan["micro_batch"], plan["grad_accum"], plan["replicas"]
+    if plan["kind"] == "fsdp":  # the single-process search says 0 (states do not fit one GPU); sharded, the
+        max_mb, mb_extrap, max_seq, seq_extrap = mb, False, seq, False  # planned shape is what is known to fit
     ctx = plan["context"]
-    too_long = (f"the campaign's sequence length {seq:,} is past the model's position limit {positions:,} "
-                f"({positions_basis})" if positions and seq > positions else "")
-    notes = [n for n in (too_long, fam.note, why, *plan["notes"]) if n]
+    notes = [n for n in (fam.note, why, *plan["notes"]) if n]
     row = {
         "gpu": gpu.id, "gpus_per_instance": offer.gpus_per_instance, "nodes": offer.nodes,
         "network": offer.network, "usable_bytes": gpu.usable_bytes, "need_bytes": int(need.bytes), "need_phase": need.phase,
@@ -309,7 +315,8 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "max_micro_batch": max_mb, "max_micro_batch_extrapolated": mb_extrap,
         "max_dimension_basis": "without the headroom (tight)" if without_headroom else "with the headroom",
         "max_seq_len_at_mb1": max_seq, "max_seq_len_extrapolated": seq_extrap,
-        "max_seq_len_bound": (f"the model's position limit ({positions_basis})"
+        "max_seq_len_bound": (f"FSDP × {replicas}: the planned shape; larger not searched" if plan["kind"] == "fsdp"
+                              else f"the model's position limit ({positions_basis})"
                               if positions and max_seq >= positions else
                               "the search limit" if max_seq >= SEQ_LIMIT else "memory"),
         "precision": precision, "micro_batch": mb, "grad_accum": accum, "replicas": replicas,

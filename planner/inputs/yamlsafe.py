@@ -172,7 +172,8 @@ def load_yaml_text(text: str, source: str, max_bytes: int = MAX_YAML_BYTES) -> A
 def load_yaml_file(path: str | Path, what: str, max_bytes: int = MAX_YAML_BYTES) -> Any:
     p = Path(path)
     if not p.is_file():
-        raise InputError(f"{what} file {p} not found.")
+        raise InputError(f"{what} file {p} not found. Check the path (it is read from the folder you run in)"
+                         + ("; examples: planner/examples/*.yaml." if what == "campaign" else "."))
     size = p.stat().st_size
     if size > max_bytes:
         raise InputError(f"{p} is {size} bytes, over the {max_bytes // 1024} KiB limit for {what} files.")

@@ -111,6 +111,22 @@ def fit_phase(phase: str, points: list[Point]) -> PhaseFit:
     return best
 
 
+FIT_WORDS = {"fit3": "a + b·tokens + c·tokens·seq_len (least squares)", "linear": "a line in tokens",
+             "constant": "a constant"}
+
+
+def describe_fit(fit: PhaseFit) -> str:
+    """The fit in words, and whether its points test it: a fit with as many terms as distinct points passes
+    through them exactly, so an error on them says nothing."""
+    kind = fit.kind.replace("floor+", "")
+    words = FIT_WORDS.get(kind, kind) + (" above a fixed floor" if fit.kind.startswith("floor+") else "")
+    distinct = len({(p.micro_batch, p.seq_len) for p in fit.points})
+    terms = sum(1 for c in fit.coef if c != 0.0) + (2 if fit.floor is not None else 0)
+    if distinct <= max(terms, 1):
+        return f"{words} through {distinct} point(s), exact by construction: not validated"
+    return f"{words} on {len(fit.points)} points (max error on them {fit.max_rel_error:.2%})"
+
+
 @dataclass
 class Need:
     bytes: float
@@ -149,8 +165,7 @@ class MemoryModel:
         how = "measured at this configuration" if exact else (
             f"{'extrapolated' if extrapolated else 'interpolated'} from one point (a line through its baseline): "
             "not validated" if distinct < 2 else
-            f"{'extrapolated' if extrapolated else 'interpolated'} by a {fit.kind} fit on {len(fit.points)} points "
-            f"(max error on them {fit.max_rel_error:.2%})")
+            f"{'extrapolated' if extrapolated else 'interpolated'} by {describe_fit(fit)}")
         widened = f"; {self.widen_note}" if self.widen_note else ""
         return Need(per_phase[phase], phase, f"{self.basis}; {how}{widened}", extrapolated and not exact, per_phase)
 

@@ -14,7 +14,7 @@ import pandas as pd
 
 from planner.models.memory_model import MB_LIMIT
 from planner.records import PHASES
-from planner.units import GiB, fmt_hours
+from planner.units import GiB, MiB, fmt_hours
 
 FONT = 10
 
@@ -53,30 +53,10 @@ def _basis(lines: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
-def spread_labels(values: list[float], min_gap: float) -> list[float]:
-    """Label positions (in the axis' units, ascending input) moved apart to at least min_gap, none below its value."""
-    out: list[float] = []
-    for v in values:
-        out.append(max(v, out[-1] + min_gap) if out else v)
-    return out
-
-
 def fit_limit(row, headroom: float) -> float:
     """The most a configuration may need on this GPU and still fit with the headroom (the fit rule:
     (need + context) × (1 + headroom) ≤ usable)."""
     return float(row["usable_bytes"]) / (1 + headroom) - float(row["context_bytes"])
-
-
-def label_gpus(ax, marks: pd.DataFrame, fig, headroom: float) -> None:
-    """GPU names at the right of the last panel, beside their lines, moved apart (in screen space) so that no
-    label covers another."""
-    lo, hi = ax.get_ylim()
-    height_px = ax.get_window_extent().height or 1.0
-    gap = (FONT * 1.6) / height_px * (hi - lo)  # one line of text, in GiB of this axis
-    levels = [fit_limit(g, headroom) / GiB for _, g in marks.iterrows()]
-    for (_, g), y, at in zip(marks.iterrows(), spread_labels(levels, gap), levels):
-        ax.annotate(f"{g['gpu']}: fits below {at:.1f} of {g['usable_bytes'] / GiB:.0f} GiB", xy=(len(PHASES) - 0.5, y),
-                    xytext=(6, 0), textcoords="offset points", fontsize=FONT - 1, va="center", annotation_clip=False)
 
 
 def _reserved(rows: pd.DataFrame) -> pd.Series:
@@ -101,7 +81,8 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
     planned = runs["run_id"].iloc[0]
     others = runs[runs["run_id"] != planned].sort_values("tokens", ascending=False)["run_id"].head(max_configs - 1)
     configs = [planned, *others]
-    fig, axes = plt.subplots(1, len(configs), figsize=(5.2 * len(configs), 4.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(configs), figsize=(max(5.0, 4.0 * len(configs)), 5.6), sharey=True,
+                             squeeze=False)
     gpus = sheet.drop_duplicates("gpu").sort_values("usable_bytes")
     # The ordered GPU, the largest that do not fit, and the next sizes up from the ordered one.
     bigger = gpus[gpus["usable_bytes"] > rec["usable_bytes"]].head(1)
@@ -109,34 +90,54 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
     marks = marks.drop_duplicates("usable_bytes").sort_values("usable_bytes")
     has_reserved = bool(_reserved(ok).notna().any())
     simulated = not ok["peak_reserved_bytes"].notna().any()
-    top = max(float(ok["peak_allocated_bytes"].max()), float(_reserved(ok).max() if has_reserved else 0),
-              float(marks["usable_bytes"].max()) if len(marks) else 0) / GiB
+    peak = max(float(ok["peak_allocated_bytes"].max()), float(_reserved(ok).max() if has_reserved else 0))
+    limits = [fit_limit(g, headroom) for _, g in marks.iterrows()]
+    # The axis holds the bars and the GPU lines near them; lines far above small bars would flatten them to
+    # nothing, so those GPUs are named in the legend with their limit instead of drawn.
+    top = max([peak * 1.25, *(x * 1.08 for x in limits if x <= peak * 4)])
+    unit, scale = ("GiB", GiB) if top >= GiB else ("MiB", MiB)
+    colors = ["#7f7f7f", "#9467bd", "#8c564b", "#17becf", "#bcbd22"]
+    gpu_lines = []
+    for k, ((_, g), limit) in enumerate(zip(marks.iterrows(), limits)):
+        ordered_gpu = g["offer"] == rec["offer"]
+        strategy = f", {g['strategy_label']}" if str(g.get("strategy", "single")) != "single" else ""
+        text = (f"{g['gpu']}{strategy}{' (ordered)' if ordered_gpu else ''}: fits below {limit / GiB:.1f} of "
+                f"{float(g['usable_bytes']) / GiB:.0f} GiB")
+        gpu_lines.append((limit, float(g["usable_bytes"]), "black" if ordered_gpu else colors[k % len(colors)],
+                          1.6 if ordered_gpu else 1.0, text + ("" if limit <= top else " (above this axis)")))
     for i, (ax, run_id) in enumerate(zip(axes[0], configs)):
         rows = ok[ok["run_id"] == run_id].drop_duplicates("phase", keep="last").set_index("phase").reindex(PHASES)
         x = range(len(PHASES))
-        ax.bar([k - 0.2 for k in x], rows["peak_allocated_bytes"] / GiB, width=0.4, label="allocated peak",
+        ax.bar([k - 0.2 for k in x], rows["peak_allocated_bytes"] / scale, width=0.4, label="allocated peak",
                color="#4c72b0")
         if has_reserved:
-            ax.bar([k + 0.2 for k in x], _reserved(rows) / GiB, width=0.4, color="#dd8452",
+            ax.bar([k + 0.2 for k in x], _reserved(rows) / scale, width=0.4, color="#dd8452",
                    label="reserved peak (simulated)" if simulated else "reserved peak")
-        for _, g in marks.iterrows():  # the fit rule's limit (solid) under the usable memory (dotted)
-            ordered_gpu = g["offer"] == rec["offer"]
-            ax.axhline(fit_limit(g, headroom) / GiB, linestyle="-", linewidth=1.4 if ordered_gpu else 0.8,
-                       color="black" if ordered_gpu else "grey")
-            ax.axhline(float(g["usable_bytes"]) / GiB, linestyle=":", linewidth=0.8, color="grey")
+        for limit, usable, color, width, text in gpu_lines:  # the fit rule's limit (solid), usable memory (dotted)
+            if limit <= top:
+                ax.axhline(limit / scale, linestyle="-", linewidth=width, color=color, label=text)
+            if usable <= top:
+                ax.axhline(usable / scale, linestyle=":", linewidth=0.8, color=color)
         r = rows.dropna(subset=["micro_batch"]).iloc[0]
         tag = "planned shape, nearest probed" if run_id == planned else "probed"
         ck = ", checkpointing on" if bool(r["checkpointing"]) else ", checkpointing off"
         ranks = f", {r['strategy']} × {int(r['world_size'])} rank 0" if r["world_size"] > 1 else ""
         ax.set_title(f"{tag}: mb {int(r['micro_batch'])} × seq {int(r['seq_len'])}\n{r['precision']}{ck}{ranks}",
                      fontsize=FONT)
-        ax.set_xticks(list(x), PHASES, rotation=40, ha="right")
-        ax.set_ylim(0, top * 1.12)
-    axes[0][0].set_ylabel("GiB")
+        ax.set_xticks(list(x), PHASES, rotation=50, ha="right", fontsize=FONT - 1)
+        ax.set_ylim(0, top / scale)
+    axes[0][0].set_ylabel(unit)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=2, bbox_to_anchor=(0.5, 1.02), frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
-    label_gpus(axes[0][-1], marks, fig, headroom)
+    from matplotlib.lines import Line2D
+
+    for limit, _, color, width, text in gpu_lines:  # GPUs above the axis still appear in the legend
+        if limit > top:
+            handles.append(Line2D([], [], color=color, linewidth=width, linestyle="-"))
+            labels.append(text)
+    fig.legend(handles, labels, loc="lower center", ncol=1 if len(configs) == 1 else 2, bbox_to_anchor=(0.5, 0.0),
+               frameon=False, fontsize=FONT - 1)
+    rows_below = -(-len(labels) // (1 if len(configs) == 1 else 2))
+    fig.tight_layout(rect=(0, min(0.5, 0.055 * rows_below + 0.02), 1, 1))
     why = "" if has_reserved else " There is no reserved bar: these lines carry no reserved figure."
     sim = " Reserved bars are simulated by the model of CUDA's caching allocator." if simulated and has_reserved else ""
     first = ok[ok["run_id"] == planned].iloc[0]
@@ -200,7 +201,8 @@ def max_mb_figure(sheet: pd.DataFrame):
     values = per_gpu["max_micro_batch"].astype(float)
     top = max(2.0, float(values.max()))
     y = list(range(n))
-    bars = ax.barh(y, values.where(values > 0, float("nan")), color="#4c72b0", height=0.6, left=0.5)
+    # a bar runs from the axis' left edge (0.5) to its micro-batch: barh's width is that length, not the value
+    bars = ax.barh(y, values.where(values > 0, float("nan")) - 0.5, color="#4c72b0", height=0.6, left=0.5)
     for yi, bar, extrap, mb in zip(y, bars, per_gpu["max_micro_batch_extrapolated"], per_gpu["max_micro_batch"]):
         if mb > 0 and extrap:
             bar.set_hatch("//")
@@ -210,8 +212,8 @@ def max_mb_figure(sheet: pd.DataFrame):
             label = "does not fit at micro-batch 1"
         else:
             label = f"{int(mb):,}"
-        ax.annotate(label, (max(float(mb), 0.5), yi), xytext=(4, 0), textcoords="offset points", va="center",
-                    fontsize=FONT - 2)
+        ax.annotate(label, (max(float(mb), 0.5), yi), xytext=(5, 0), textcoords="offset points", va="center",
+                    fontsize=FONT - 2, bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none"})
     ax.set_xscale("log", base=2)
     last = int(top * 8).bit_length()
     ticks = [2 ** k for k in range(0, last, max(1, -(-last // 6)))]  # at most 6 labels: none touch
@@ -219,6 +221,7 @@ def max_mb_figure(sheet: pd.DataFrame):
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticklabels([f"{t:,}" for t in ticks])
     ax.set_xlim(0.5, top * 8)
+    ax.set_ylim(-0.8, n - 0.2)  # room below the first row's words, above the axis line
     ax.set_yticks(y, [f"{g} ({u / 2**30:.0f} GiB)" for g, u in zip(per_gpu["gpu"], per_gpu["usable_bytes"])])
     ax.set_xlabel("largest micro-batch that fits (log scale)")
     fig.tight_layout()
@@ -269,12 +272,13 @@ def decision_figure(sheet: pd.DataFrame, plans: pd.DataFrame, max_labels: int = 
         ax.errorbar(hi_c, hi_h, xerr=[hi_c - lo_c, 0 * hi_c], yerr=[hi_h - lo_h, 0 * hi_h], fmt="o", ms=4,
                     color=color, mfc=color if filled else "white", elinewidth=0.7, alpha=0.85, label=label)
     days = sorted(int(d) for d in plans["days"].unique()) if len(plans) else []
-    top = max(float(ok["campaign_hours_high"].max()), *(24.0 * d for d in days[:1]))
-    for d in days:
-        if 24 * d <= top * 3:
-            ax.axhline(24 * d, linestyle="--", linewidth=0.8, color="grey")
-            ax.annotate(f"{d}-day window", xy=(1.0, 24 * d), xycoords=("axes fraction", "data"), xytext=(-4, 2),
-                        textcoords="offset points", ha="right", va="bottom", fontsize=FONT - 2, color="grey")
+    window_labels = []
+    for d in days:  # every window is drawn: the axis reaches the longest (log scale keeps the points apart)
+        ax.axhline(24 * d, linestyle="--", linewidth=0.8, color="grey")
+        # at the right end: the cheap offers, which the eye looks for, sit at the left
+        window_labels.append(ax.annotate(f"{d}-day window", xy=(1.0, 24 * d), xycoords=("axes fraction", "data"),
+                                         xytext=(-4, 2), textcoords="offset points", ha="right", va="bottom",
+                                         fontsize=FONT - 2, color="grey"))
     marks = []
     rec = ok[ok["recommended"]] if "recommended" in ok else ok.iloc[0:0]
     if len(rec):
@@ -298,6 +302,8 @@ def decision_figure(sheet: pd.DataFrame, plans: pd.DataFrame, max_labels: int = 
             marks.append((r, f"★ {windows}"))
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_ylim(float(ok["campaign_hours_low"].min()) / 1.6,
+                max(float(ok["campaign_hours_high"].max()), 24.0 * (days[-1] if days else 0)) * 1.6)
     ax.xaxis.set_major_formatter(FuncFormatter(_money))
     ax.yaxis.set_major_formatter(FuncFormatter(_hours))
     ax.set_xlabel("campaign cost (slow end; bar: from the fast end)")
@@ -309,7 +315,7 @@ def decision_figure(sheet: pd.DataFrame, plans: pd.DataFrame, max_labels: int = 
     placed = [(r["campaign_cost_usd_high"], r["campaign_hours_high"], f"{offer} ({'; '.join(why)})")
               for offer, (r, why) in list(reasons.items())[:max_labels]]
     fig.tight_layout()
-    _label_points(ax, fig, placed)
+    _label_points(ax, fig, placed, window_labels)
     caption = ("Every offer that fits (or is tight) as a point: the whole campaign's cost against its hours, at the "
                "slow end of each time range, the bar reaching back to the fast end; hollow: offers whose need leaves "
                "something unmodelled (ROCm GPUs, FSDP sized from one process), never recommended. Ring: the "
@@ -320,25 +326,31 @@ def decision_figure(sheet: pd.DataFrame, plans: pd.DataFrame, max_labels: int = 
     return fig, caption
 
 
-def _label_points(ax, fig, points: list[tuple[float, float, str]]) -> None:
-    """Each label right of its point, moved down (in screen space) past the labels above it."""
+def _label_points(ax, fig, points: list[tuple[float, float, str]], obstacles=()) -> None:
+    """Each label beside its point, inside the plot and clear of every label placed before it (and of the window
+    labels): right of the point, else left, moved up or down in steps until it is clear; a moved label gets a
+    leader line to its point."""
     if not points:
         return
     renderer = fig.canvas.get_renderer()
-    placed_boxes = []
+    frame = ax.get_window_extent(renderer)
+    placed_boxes = [o.get_window_extent(renderer) for o in obstacles]
+    step = FONT + 2
+    tries = [(side, dy) for k in range(12) for dy in ((0,) if k == 0 else (-k * step, k * step))
+             for side in ("right", "left")]
     for x, y, text in sorted(points, key=lambda p: -p[1]):
-        dy = 0
-        while True:
-            t = ax.annotate(text, xy=(x, y), xytext=(8, dy), textcoords="offset points", fontsize=FONT - 2,
-                            va="center", ha="left", annotation_clip=False,
+        for n, (side, dy) in enumerate(tries):
+            t = ax.annotate(text, xy=(x, y), xytext=(8 if side == "right" else -8, dy), textcoords="offset points",
+                            fontsize=FONT - 2, va="center", ha="left" if side == "right" else "right",
+                            annotation_clip=False,
                             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85},
                             arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.6} if dy else None)
             box = t.get_window_extent(renderer)
-            if not any(box.overlaps(b) for b in placed_boxes) or dy < -200:
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if (inside and not any(box.overlaps(b) for b in placed_boxes)) or n == len(tries) - 1:
                 placed_boxes.append(box)
                 break
             t.remove()
-            dy -= FONT + 2
 
 
 def decision_picture(sheet: pd.DataFrame, plans: pd.DataFrame) -> dict | None:

@@ -130,6 +130,8 @@ def capacity(value, extrapolated: bool, at_limit: bool, limit: int) -> str:
 def seq_capacity(r) -> str:
     """The max sequence at micro-batch 1, and the model's position limit when that, not memory, bounds it."""
     bound = r.get("max_seq_len_bound")
+    if isinstance(bound, str) and bound.startswith("FSDP"):
+        return f"≥ {int(r['max_seq_len_at_mb1']):,} ({bound})"
     if isinstance(bound, str) and bound.startswith("the model's"):
         return f"{int(r['max_seq_len_at_mb1']):,} ({bound})"
     from planner.models.memory_model import SEQ_LIMIT
@@ -185,8 +187,10 @@ def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
             "usable": fmt_bytes(r["usable_bytes"]), "need": need_text(r), "need_phase": r["need_phase"],
             "headroom": margin_text(r["headroom_pct"]), "verdict": r["verdict"],
             "unmodelled": r["unmodelled"] if isinstance(r.get("unmodelled"), str) else "",
-            "max_mb": capacity(r["max_micro_batch"], r["max_micro_batch_extrapolated"],
-                               r["max_micro_batch"] >= MB_LIMIT, MB_LIMIT),
+            "max_mb": (f"≥ {int(r['max_micro_batch'])} (FSDP: the planned micro-batch; larger not searched)"
+                       if r.get("strategy") == "fsdp" else
+                       capacity(r["max_micro_batch"], r["max_micro_batch_extrapolated"],
+                                r["max_micro_batch"] >= MB_LIMIT, MB_LIMIT)),
             "max_seq": seq_capacity(r),
             "precision": r["precision"], "mb": r["micro_batch"], "accum": r["grad_accum"], "replicas": r["replicas"],
             "strategy": r["strategy_label"], "strategy_why": r["strategy_why"],

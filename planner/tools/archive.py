@@ -75,9 +75,10 @@ def verify_archive(dest: Path, recorded=None) -> tuple[list[str], str]:
     gives the ledger's sha256 of the weights, whether the archived weights are the ones the run exported."""
     path = dest / MANIFEST
     if not dest.is_dir():
-        raise InputError(f"{dest} is not an archive folder.")
+        raise InputError(f"{dest} is not an archive folder. Make one with `rentplan archive RUN --to {dest}`.")
     if not path.is_file() or path.is_symlink():
-        return [f"no {MANIFEST} in {dest}"], "nothing to check against"
+        return [f"no {MANIFEST} in {dest}: not an archive (Make one with `rentplan archive RUN --to DIR`)"], \
+            "nothing to check against"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
     except (ValueError, UnicodeDecodeError) as e:
