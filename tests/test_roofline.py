@@ -133,3 +133,17 @@ def test_a_census_with_convolutions_is_found_for_its_target():
     prof = json.dumps({"sm80+": {"ops": [["conv", "float32", 10, 10, 1]], "launches": 1}})
     assert has_convolutions(prof, "sm80+") and not has_convolutions(prof, "sm50-75")
     assert not has_convolutions(json.dumps({"sm80+": {"ops": [["matmul", "float32", 1, 1, 1]]}}), "sm80+")
+
+
+def test_pure_half_precision_is_described_on_the_tensor_cores_it_runs_on():
+    """`16-true` (model.half(), as the public T5 row runs) was described as 'non-tensor fp32 (TF32 off)' while its
+    fp16 matmuls were timed on the tensor-core peak: the basis must name the peak the time used."""
+    from planner.inputs.catalog import load_catalog
+    from planner.models.roofline import Census
+
+    gpu = load_catalog().gpu("h100_sxm")
+    census = Census("sm80+", {"ops": [["matmul", "float16", 1e12, 1e6, 1]], "launches": 1}, 1, 1, 1)
+    for precision in ("16-true", "bf16-true", "fp16"):
+        text = census.describe(gpu, precision)
+        assert "tensor-core peak" in text and "non-tensor" not in text, (precision, text)
+    assert "non-tensor fp32 (TF32 off)" in census.describe(gpu, "fp32")

@@ -153,6 +153,7 @@ class Census:
         return f", convolutions at the same fractions of the {unit} peak {peak:g} TFLOPS (cudnn.allow_tf32)"
 
     def describe(self, gpu: Gpu, dtype: str) -> str:
+        dtype = {"16-true": "fp16", "bf16-true": "bf16"}.get(dtype, dtype)  # pure half runs the same tensor cores
         n = sum(r[4] for r in self.profile["ops"])
         peak = peak_tflops(gpu, {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, "float32"), self.tf32)
         unit = "tensor-core" if dtype in ("bf16", "fp16") or self.tf32 else "non-tensor fp32 (TF32 off)"
