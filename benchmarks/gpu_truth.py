@@ -15,7 +15,9 @@ attention, CUDA's autocast policy, the caching allocator simulated), through the
 
 The rows' method (sanketpurandare/mem-run-estimator, driver.py and exp_utils.py): torch.optim.Adam, peaks over 5
 iterations after reset_peak_memory_stats; fp16 autocast without a scaler ("fp16" here: rentplan's scaler adds a
-found-inf flag and a scale); pure fp16 ("16-true"); inputs random. Nothing here is fitted to these rows.
+found-inf flag and a scale); pure fp16 ("16-true"); inputs random. Two figures are fitted to these rows, and said so where they are used:
+the cuDNN workspace allowance and the point time's compute and memory factors (--fit prints the fit and each
+row's leave-one-out error: the row predicted by the fit of the other 14).
 """
 
 from __future__ import annotations
@@ -99,6 +101,52 @@ def compare(row: dict, lines, cfg: ProbeConfig) -> dict:
             "basis": plan["time_basis"]}
 
 
+def time_parts(lines, cfg: ProbeConfig) -> dict:
+    """The uncalibrated point time of the steady update, split into compute-bound (matmul, attention, conv),
+    memory-bound and launch-bound seconds: what --fit scales."""
+    from planner.inputs.catalog import load_catalog
+    from planner.models.roofline import Fractions, census_for, matmul_fraction, peak_tflops
+
+    gpu = load_catalog().gpu("h100_sxm")
+    fr = Fractions("uncalibrated point", None, 0.60, 0.50, 0.85, 7e-6)
+    st = lines[lines["phase"] == "steady"].iloc[0]
+    c = census_for(st["op_profile_json"], "sm80+", int(st["micro_batch"]), int(st["seq_len"]),
+                   int(st["grad_accum"])).for_precision(cfg.precision)
+    parts = {"compute": 0.0, "memory": 0.0, "launch": 0.0}
+    for kind, dtype, flops, nbytes, count in c.profile["ops"]:
+        t_mem, t_compute = nbytes / (gpu.mem_bandwidth_tbps * 1e12 * fr.memory), 0.0
+        if flops and kind in ("matmul", "attention", "conv"):
+            share = fr.attention_sm90 if kind == "attention" else matmul_fraction(gpu, fr)
+            t_compute = flops / (peak_tflops(gpu, dtype, c.conv_tf32 if kind == "conv" else c.tf32) * 1e12 * share)
+        t = max(t_mem, t_compute, fr.launch_s)
+        parts["compute" if t == t_compute else "memory" if t == t_mem else "launch"] += count * t
+    parts["launch"] += max(0.0, c.profile["launches"] - sum(r[4] for r in c.profile["ops"])) * fr.launch_s
+    return parts
+
+
+def fit(rows: list[dict]) -> str:
+    """real = k_c × compute + k_m × memory + launch, least squares on relative error, and each row predicted by
+    the fit of the others (leave-one-out): the figures the point estimate's calibration rests on."""
+    import numpy as np
+
+    def solve(rs):
+        a = np.array([[r["parts"]["compute"], r["parts"]["memory"]] for r in rs]) / np.array(
+            [[r["step_ms"] / 1e3] for r in rs])
+        y = np.array([1 - r["parts"]["launch"] / (r["step_ms"] / 1e3) for r in rs])
+        return np.linalg.lstsq(a, y, rcond=None)[0]
+
+    ok = [r for r in rows if "parts" in r]
+    k = solve(ok)
+    loo = []
+    for i, r in enumerate(ok):
+        kc, km = solve(ok[:i] + ok[i + 1:])
+        p = r["parts"]
+        loo.append((kc * p["compute"] + km * p["memory"] + p["launch"]) / (r["step_ms"] / 1e3) - 1)
+    return (f"fit on {len(ok)} rows: k_compute {k[0]:.3f}, k_memory {k[1]:.3f}; leave-one-out within 15 % on "
+            f"{sum(abs(e) <= .15 for e in loo)} (median {statistics.median(abs(e) for e in loo):.1%}): "
+            + ", ".join(f"{r['tag']} {e:+.0%}" for r, e in zip(ok, loo)))
+
+
 def summary(rows: list[dict]) -> str:
     ok = [r for r in rows if "error" not in r]
     if not ok:
@@ -134,6 +182,8 @@ def main() -> None:
     ap.add_argument("--truth", default=str(TRUTH))
     ap.add_argument("--rows", default="", help="comma-separated tags (default: every row)")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    ap.add_argument("--fit", action="store_true", help="also fit the point's compute and memory factors (with "
+                                                       "leave-one-out errors)")
     args = ap.parse_args()
     truth = Path(args.truth)
     with open(truth / "h100.csv") as f:
@@ -159,6 +209,8 @@ def main() -> None:
             run_grid([cfg], f"{d}/{row['tag']}.db", progress=lambda m: None)
             lines = read_lines(f"{d}/{row['tag']}.db")
             results.append(compare(row, lines, cfg))
+            if args.fit and "error" not in results[-1]:
+                results[-1]["parts"] = time_parts(lines, cfg)
             print(f"{row['tag']}: estimated and planned in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     import torch
 
@@ -166,6 +218,8 @@ def main() -> None:
           f"plan: h100_sxm from catalog.yaml)\n")
     print(table(results))
     print("\n" + summary(results))
+    if args.fit:
+        print("\n" + fit(results))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2, default=str))
 

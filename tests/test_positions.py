@@ -43,14 +43,11 @@ def test_a_model_with_32_positions_gets_a_max_sequence_of_32_and_says_why(tmp_pa
     assert "1,048,576" not in md and "32 (the model's position limit (position table pos, 32 rows))" in md
 
 
-def test_a_campaign_longer_than_the_model_takes_is_refused_not_planned_as_fits(tmp_path, monkeypatch):
-    """A helper's finding: a campaign at 64 tokens on a 32-position model was planned 'fits', with an order and a
-    sky.yaml, and only a note said the model cannot take it. No GPU changes that: plan ends with an Error."""
-    import pytest
-
-    with pytest.raises(AssertionError, match="past the model's position limit 32"):
-        estimate_and_plan(tmp_path, monkeypatch, "1", 64)
-    assert not (tmp_path / "out").exists()
+def test_a_campaign_longer_than_the_model_takes_is_said_on_every_row(tmp_path, monkeypatch):
+    """Said, not refused: a position table found by its shape may belong to another input (the public CLIP row's
+    text tower has 77 positions while its seq_len, 336, is the image side; a refusal stopped that real run)."""
+    notes = estimate_and_plan(tmp_path, monkeypatch, "1", 64)["notes"].fillna("")
+    assert notes.str.contains("sequence length 64 is past the model's position limit 32", regex=False).all()
 
 
 def test_the_limit_is_read_from_the_workload_then_the_config_then_a_position_table():

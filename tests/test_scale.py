@@ -116,3 +116,17 @@ def test_catalog_import_writes_a_json_catalog_that_validates_and_plans(tmp_path,
     assert data["offers"][-1]["provider"] == "lambda" and data["offers"][-1]["note"] == "region us-east-1"
     sheet = plan(tmp_path, tmp_path / "big.json")
     assert "lambda" in set(sheet["provider"]) and "us-east-1" in set(sheet["region"].dropna())
+
+
+def test_one_dearer_offer_left_out_is_said_in_the_singular():
+    """A helper's finding: '1 dearer offers … are left out'. The sentence agrees with its count on both sheets."""
+    import re
+
+    from planner.outputs.render import env
+
+    for name in ("order_sheet.md.j2", "order_sheet.html.j2"):
+        source = env().loader.get_source(env(), name)[0]
+        block = re.search(r"\{% if dearer_offers %\}(.*?)\{% endif %\}", source, re.S).group(1)
+        for n, said in ((1, "1 dearer offer of a market listed here (same provider"), (2, "2 dearer offers of a")):
+            text = env().from_string(block).render(dearer_offers=n)
+            assert said in text and ("is left out" if n == 1 else "are left out") in text

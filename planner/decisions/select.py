@@ -14,7 +14,7 @@ import pandas as pd
 
 from planner.inputs.campaign_spec import Campaign
 from planner.inputs.catalog import Catalog, Gpu, Offer
-from planner.errors import CampaignError, LedgerError, NoFeasibleGpu
+from planner.errors import LedgerError, NoFeasibleGpu
 from planner.decisions.evidence import Evidence, choose, run_facts
 from planner.decisions.selfcheck import estimate_check
 from planner.models.kernels import kernel_target
@@ -283,12 +283,6 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
     max_mb, mb_extrap = max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len, budget)
     positions, positions_basis = fam.evidence.position_limit
-    if positions and max(seq, campaign.eval.seq_len) > positions:  # no GPU makes the model take longer inputs
-        raise CampaignError(f"the campaign's sequence length {max(seq, campaign.eval.seq_len):,} (seq_len or "
-                            f"eval.seq_len) is past the model's position limit {positions:,} ({positions_basis}): "
-                            "the model cannot take it on any GPU. Lower seq_len / eval.seq_len in the spec to at "
-                            f"most {positions:,}, or give the workload a longer limit (a -p parameter or its "
-                            "config) and probe it again.")
     seq_limit = min(SEQ_LIMIT, positions or SEQ_LIMIT)
     max_seq, seq_extrap = max_seq_len(fam.memory, 1, budget, seq_limit)
     # nothing fits with the headroom: the largest that fits the usable memory itself is planned, called tight, and
@@ -305,7 +299,11 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     if plan["kind"] == "fsdp":  # the single-process search says 0 (states do not fit one GPU); sharded, the
         max_mb, mb_extrap, max_seq, seq_extrap = mb, False, seq, False  # planned shape is what is known to fit
     ctx = plan["context"]
-    notes = [n for n in (fam.note, why, *plan["notes"]) if n]
+    # Said on every row, not refused: a position table found by its shape may belong to another input (CLIP's
+    # text tower has 77 positions while its seq_len is the image side), so this is a warning, not a verdict.
+    too_long = (f"the campaign's sequence length {seq:,} is past the model's position limit {positions:,} "
+                f"({positions_basis}): check that the model takes it" if positions and seq > positions else "")
+    notes = [n for n in (too_long, fam.note, why, *plan["notes"]) if n]
     row = {
         "gpu": gpu.id, "gpus_per_instance": offer.gpus_per_instance, "nodes": offer.nodes,
         "network": offer.network, "usable_bytes": gpu.usable_bytes, "need_bytes": int(need.bytes), "need_phase": need.phase,
