@@ -33,15 +33,28 @@ def offer(gpus=8, nodes=1, **kw) -> Offer:
 
 def test_collectives_are_ring_times_over_the_catalog_links():
     h100 = CATALOG.gpu("h100_sxm")  # NVLink 900 GB/s bidirectional: 450 GB/s each way
+    # NCCL's ring latency (Simple): 8.4 µs + 3.4 µs a step over NVLink, 9.6 µs over the network;
+    # 1 GB of gradients is 1 + ceil((1e9 - 1 MiB) / 25 MiB) = 40 DDP buckets
     ddp = comm_time(tp(), "ddp", h100, offer(), grad_accum=4)
-    assert math.isclose(ddp.seconds, 2 * 7 / 8 * 1e9 / 450e9)  # once per update, whatever the accumulation
+    lat8 = (8.4 + 14 * 3.4) * 1e-6
+    assert math.isclose(ddp.seconds, 2 * 7 / 8 * 1e9 / 450e9 + 40 * lat8)  # once per update, whatever the accumulation
     fsdp = comm_time(tp(), "fsdp", h100, offer(), grad_accum=4)
-    assert math.isclose(fsdp.seconds, 4 * (2e9 + 1e9) * 7 / 8 / 450e9)  # 2 all-gathers + reduce-scatter each
+    lat_ag = (8.4 + 7 * 3.4) * 1e-6
+    assert math.isclose(fsdp.seconds, 4 * (2e9 + 1e9) * 7 / 8 / 450e9 + 12 * lat_ag)  # 2 all-gathers + reduce-scatter
     two = comm_time(tp(), "ddp", h100, offer(nodes=2), grad_accum=1)
-    assert math.isclose(two.seconds, 2 * 7 / 8 * 1e9 / 450e9 + 2 * 1 / 2 * 1e9 / 400e9)  # 3200 Gb/s = 400 GB/s
-    assert "between 2 nodes" in two.basis and "(estimated)" in two.basis
+    lat16 = (8.4 + 28 * 3.4 + 2 * 9.6) * 1e-6
+    assert math.isclose(two.seconds, 2 * 7 / 8 * 1e9 / 450e9 + 2 * 1 / 2 * 1e9 / 400e9 + 40 * lat16)  # 400 GB/s
+    assert "between 2 nodes" in two.basis and "(estimated" in two.basis and "NCCL ring latency" in two.basis
     pcie = comm_time(tp(), "ddp", CATALOG.gpu("l4"), offer(gpu="l4"), grad_accum=1)
     assert pcie.seconds > ddp.seconds  # no NVLink: PCIe
+
+
+def test_a_small_all_reduce_still_costs_nccls_latency():
+    """User: `rentplan demo` showed a 0.0 ms all-reduce for a small model on 2 × RTX 3090: a collective is
+    never free, whatever its size."""
+    small = comm_time(tp(grad_bytes=4 * 100_000), "ddp", CATALOG.gpu("rtx_3090"), offer(gpus=2, gpu="rtx_3090"), 1)
+    assert small.seconds >= (8.4 + 2 * 3.4) * 1e-6
+    assert "0.0 ms" not in small.basis and "µs" in small.basis
 
 
 def ledger(tmp_path, peak=lambda mb, seq: 100 * MiB + mb * seq * 50_000, flops=1e12, trainable=1_000_000,

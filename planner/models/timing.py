@@ -8,7 +8,8 @@
 - Lines without a census (older ledgers): FLOPs ÷ (target peak × 25–50 % MFU), never under a kernel-launch
   floor of (ops per update × 5–10 µs), and the basis says so.
 - Data parallel over n GPUs: per-GPU compute / n, plus the collectives of the strategy, timed as ring
-  collectives over the catalog's links (estimates, named as such): DDP all-reduces the gradients once
+  collectives over the catalog's links plus NCCL's own per-collective and per-step latency (estimates, named
+  as such): DDP all-reduces the gradients once
   per update (accumulation runs under no_sync); FSDP all-gathers the parameters for forward and again for
   backward and reduce-scatters the gradients on every micro-batch. Within an instance the link is NVLink
   (GB/s), else PCIe; across nodes (multi-node offers only) the node's network, shared by its GPUs. The low
@@ -17,6 +18,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -128,9 +130,41 @@ def comm_time(tp: Throughput, strategy: str, gpu: Gpu, offer: Offer, grad_accum:
         return Comm(0.0, "")
     intra = factor * (g - 1) / g * volume / (_interconnect_gbps(gpu) * 1e9) if g > 1 else 0.0
     inter = factor * (m - 1) / m * volume / (offer.network_gbps / 8) / 1e9 if m > 1 else 0.0
+    if strategy == "ddp":
+        calls, steps = _ddp_buckets(tp.grad_bytes), 2
+    else:
+        calls, steps = 3 * grad_accum, 1  # at least one FSDP unit: its three collectives per micro-batch
+    latency = calls * _ring_latency_s(g * m, m, steps, nvlink=bool(gpu.nvlink_gbps))
+    seconds = intra + inter + latency
     link = gpu.interconnect or "PCIe"
     where = f"{link}" + (f" + {offer.network} {offer.network_gbps:g} Gb/s between {m} nodes" if m > 1 else "")
-    return Comm(intra + inter, f"{what}: {(intra + inter) * 1e3:.1f} ms over {where} (estimated)")
+    return Comm(seconds, f"{what}: {_fmt_s(seconds)} over {where} (estimated; {calls} collectives × "
+                         f"{_fmt_s(latency / calls)} of NCCL ring latency)")
+
+
+# NCCL's own cost model for ring collectives, Simple protocol (src/graph/tuning.cc, ncclTopoTuneModel): a base
+# latency of 8.4 µs per collective plus a latency per ring step of 3.4 µs over NVLink, 5.7 µs over PCI and
+# 9.6 µs over the network; an all-reduce takes 2(n-1) steps, all-gather and reduce-scatter n-1.
+NCCL_BASE_US = 8.4
+NCCL_STEP_US = {"nvlink": 3.4, "pci": 5.7, "net": 9.6}
+# DDP's gradient buckets (torch/nn/parallel/distributed.py): the first 1 MiB, the rest 25 MiB each.
+DDP_FIRST_BUCKET, DDP_BUCKET = 2**20, 25 * 2**20
+
+
+def _ddp_buckets(grad_bytes: float) -> int:
+    rest = max(0.0, grad_bytes - DDP_FIRST_BUCKET)
+    return 1 + math.ceil(rest / DDP_BUCKET)
+
+
+def _ring_latency_s(ranks: int, nodes: int, steps_per_rank: int, nvlink: bool) -> float:
+    inter = steps_per_rank * (nodes - 1)
+    intra = steps_per_rank * (ranks - 1) - inter
+    us = NCCL_BASE_US + intra * NCCL_STEP_US["nvlink" if nvlink else "pci"] + inter * NCCL_STEP_US["net"]
+    return us * 1e-6
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} µs"
 
 
 def update_time(tp: Throughput, gpu: Gpu, precision: str, micro_batch: int, seq_len: int, grad_accum: int,
