@@ -10,7 +10,9 @@ MiB = 1024**2
 GiB = 1024**3
 GB = 10**9
 
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[-+]?[0-9]+)?)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$",
+                   re.IGNORECASE | re.ASCII)
+MAX_SIZE = 2**60  # an exbibyte: far above any device; a larger size is a typo
 _FACTORS = {
     "b": 1, "kib": KiB, "mib": MiB, "gib": GiB, "tib": 1024**4,
     "kb": 10**3, "mb": 10**6, "gb": GB, "tb": 10**12,
@@ -18,11 +20,15 @@ _FACTORS = {
 
 
 def parse_size(text: str) -> int | None:
-    """'300MiB' -> bytes; None when the text is not a size (so callers can try a GPU id instead)."""
+    """'300MiB', '1e1GiB' -> bytes; None when the text is not written as a size (so callers can try a GPU id
+    instead); ValueError for a size no device has (negative, endless, past an exbibyte)."""
     m = _SIZE.match(str(text))
     if not m:
         return None
-    return int(float(m.group(1)) * _FACTORS[(m.group(2) or "B").lower()])
+    size = float(m.group(1)) * _FACTORS[(m.group(2) or "B").lower()]
+    if not 0 <= size <= MAX_SIZE:  # 1e999 reads as inf, which fails the bound like a negative size
+        raise ValueError(f"must be a size from 0 to {MAX_SIZE >> 60} EiB")
+    return int(size)
 
 
 def fmt_bytes(n: float | int | None) -> str:

@@ -111,26 +111,46 @@ class _ExitAtImport(BaseException):
     """os._exit called while a workload file was being imported (it would end rentplan without a word)."""
 
 
+class _ForkAtImport(BaseException):
+    """os.fork called while a workload file was being imported (its child would outlive rentplan)."""
+
+
 def _exit_at_import(code: int = 0):
     raise _ExitAtImport(code)
 
 
+def _fork_at_import(*args, **kwargs):
+    raise _ForkAtImport()
+
+
+_GUARDED = {"_exit": _exit_at_import, "fork": _fork_at_import, "forkpty": _fork_at_import}
+
+
 def _run_import(load, target: str):
-    real_exit = os._exit  # a top-level os._exit would end this process at once: for the import, it raises instead
-    os._exit = _exit_at_import
+    # A top-level os._exit would end this process at once, and a top-level os.fork would leave a child that
+    # outlives the command (holding multiprocessing's forkserver open): for the import, both raise instead.
+    real = {name: getattr(os, name) for name in _GUARDED if hasattr(os, name)}
+    for name in real:
+        setattr(os, name, _GUARDED[name])
     try:
         return load() or sys.modules.get(target)
     except _ExitAtImport as e:
         sys.modules.pop(target, None)
         raise WorkloadError(f"importing {target} called os._exit({e.args[0]}); a workload file must be importable "
                             "without running anything (put scripts under `if __name__ == '__main__':`).") from None
+    except _ForkAtImport:
+        sys.modules.pop(target, None)
+        raise WorkloadError(f"importing {target} called os.fork(); a workload file must be importable without "
+                            "starting processes (start them in make_batch or a DataLoader, or put scripts under "
+                            "`if __name__ == '__main__':`).") from None
     except SystemExit as e:
         raise WorkloadError(f"importing {target} called sys.exit({e.code}); a workload file must be importable "
                             "without running anything (put scripts under `if __name__ == '__main__':`).") from None
     except Exception as e:
         raise WorkloadError(f"importing {target} failed: {type(e).__name__}: {e}") from e
     finally:
-        os._exit = real_exit
+        for name, fn in real.items():
+            setattr(os, name, fn)
 
 
 def _own_callable(module, func: str, target: str, ref: str):

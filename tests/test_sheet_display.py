@@ -67,6 +67,27 @@ def test_the_html_sheet_has_every_row_of_the_markdown_one(tiny_plan, tmp_path):
     assert "white-space: nowrap" in html
 
 
+def test_the_markdown_selection_says_the_order_its_rows_are_in(tiny_plan, tmp_path):
+    """User: order_sheet.md said 'cheapest first' and left out four cheaper offers (ROCm, FSDP not modelled)
+    that the HTML ranks 2nd to 4th: the markdown follows the sheet's rank, and its header says so."""
+    import re
+
+    from planner.outputs.render import write_outputs
+
+    camp = load_campaign_text(campaign_yaml(seq_len=128, eval={"every_updates": 50, "examples": 64, "seq_len": 128}),
+                              "t")
+    write_outputs(tmp_path, camp, tiny_plan.sheet, tiny_plan.plans, tiny_plan.budget, tiny_plan.lines,
+                  load_catalog(), 0.10, None)
+    md = (tmp_path / "order_sheet.md").read_text()
+    header = next(ln for ln in md.splitlines() if ln.startswith("## Selection"))
+    assert "fits before tight" in header and "the HTML sheet lists all" in header and \
+        not re.search(r"offers fit; cheapest first", header), header
+    table = md.split(header)[1].split("\n## ")[0]
+    listed = re.findall(r"^\| (\S+-\S+) \|", table, re.M)
+    fitting = tiny_plan.sheet[tiny_plan.sheet["verdict"] != "does not fit"]["offer"].tolist()
+    assert listed and listed == fitting[:len(listed)]  # the sheet's rank, which the header names
+
+
 pytest.importorskip("matplotlib")
 
 

@@ -146,6 +146,20 @@ def resolve_workload(ref: str, base_dir: str) -> str:
     return ref
 
 
+def _numbers_as_meant(p: Problems, params: dict) -> dict:
+    """The workload's params as `-p` reads them: 1e1 is 10, not the string YAML 1.1 makes of it."""
+    from planner.errors import InputError
+    from planner.inputs.grid import param_value
+
+    out = {}
+    for key, value in params.items():
+        try:
+            out[key] = param_value(str(key), value, label="params.")
+        except InputError as e:
+            p.add(f"params.{key}", str(e).split(": ", 1)[-1])
+    return out
+
+
 FILE_PARAMS = ("data", "val_data")  # workload params that name files: read from the spec's folder too
 
 
@@ -170,12 +184,14 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
     if isinstance(variants, list):  # a held-fixed key in a variant is said as such, not as an unknown key
         data["variants"] = [_without_held(p, f"variants[{i}]", v) for i, v in enumerate(variants)]
     spec = validate(CampaignEntry, data, p, "")
+    params: dict = {}
     if spec is not None:
         _joined_rules(p, spec)
+        params = _numbers_as_meant(p, spec.params or {})
     p.raise_if_any(CampaignError)
     ev, qt = spec.eval, spec.quality_target
     return Campaign(
-        name=spec.name, workload=spec.workload, params=dict(spec.params or {}),
+        name=spec.name, workload=spec.workload, params=params,
         effective_batch=spec.effective_batch, updates=spec.updates,
         eval=EvalSpec(ev.every_updates, ev.examples, ev.seq_len, ev.micro_batch),
         variants=tuple(Variant(id=v.id, lr=float(v.lr if v.lr is not None else spec.lr), priority=v.priority or 1,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import json
 from dataclasses import dataclass
@@ -54,19 +55,42 @@ def on_off(text: str) -> bool:
     return ON[text.lower()]
 
 
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", re.ASCII)
+MAX_PARAM_INT = 2**63 - 1  # what torch and numpy take as a size or a count
+
+
+def param_value(key: str, value: Any, plain: bool = True, label: str = "-p ") -> Any:
+    """A workload parameter as the user meant it: YAML 1.1 reads 1e1 and 2e9 (no dot) as strings, yet written
+    plain (not quoted) they are numbers: a whole one (1e1 -> 10) where the value is whole, else a float (1e-4)."""
+    if plain and isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+        number = float(value)
+        if not math.isfinite(number):
+            raise InputError(f"{label}{key}={value[:40]}: not a finite number.")
+        value = int(number) if number.is_integer() else number
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_PARAM_INT:
+        raise InputError(f"{label}{key}={str(value)[:40]}: larger than any workload parameter can use "
+                         f"(at most {MAX_PARAM_INT:,}).")
+    return value
+
+
 def parse_params(pairs: list[str] | dict | None) -> dict[str, Any]:
-    """--param key=value pairs, values read as YAML scalars (1e-4 -> float, true -> bool)."""
+    """--param key=value pairs, values read as YAML scalars (1e-4 -> float, 1e1 -> 10, true -> bool)."""
     if isinstance(pairs, dict):
-        return dict(pairs)
+        return {k: param_value(str(k), v, label="params.") for k, v in pairs.items()}
     out: dict[str, Any] = {}
     for pair in pairs or []:
         if "=" not in pair:
             raise InputError(f"--param {pair!r} must be key=value.")
         key, value = pair.split("=", 1)
+        key = key.strip()
+        if not value.strip():
+            out[key] = ""
+            continue
         try:
-            out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+            parsed = yaml.safe_load(value)
         except yaml.YAMLError:
-            out[key.strip()] = value
+            parsed = value
+        out[key] = param_value(key, parsed, plain=value.strip() == parsed)  # '1e1' quoted stays a string
     return out
 
 
@@ -193,7 +217,11 @@ def resolve_cap(cap: str | None, catalog_path: str | None) -> tuple[str, int | N
     """--cap GPU_ID (catalog usable memory less the CUDA context) or --cap SIZE (e.g. 300MiB)."""
     if not cap:
         return "", None
-    size = parse_size(cap)
+    try:
+        size = parse_size(cap)
+    except ValueError as e:
+        raise InputError(f"--cap {cap[:40]}: not a size a device has ({e.args[0]}); give a GPU id from "
+                         "`rentplan catalog list` or a size such as 24GiB.") from None
     if size is not None:
         if size < MIN_CAP:
             raise InputError(f"--cap {cap}: a cap below {MIN_CAP >> 20} MiB holds no model; give a GPU id from "

@@ -145,9 +145,22 @@ def _load_json(text: str, source: str) -> Any:
         raise InputError(f"{source} is not valid YAML: {e}") from None
     except json.JSONDecodeError:
         return NotImplemented
-    except ValueError as e:  # Python refuses to read an integer of more than 4,300 digits
-        raise InputError(f"{source} holds a number too long to read ({str(e).split(':')[0]}); no value here "
-                         "needs more than a few digits.") from None
+    except ValueError:  # Python refuses to read an integer of more than 4,300 digits
+        raise InputError(_too_long(text, source)) from None
+
+
+_LONG_NUMBER = re.compile(r"""(?:["']?([\w.-]+)["']?\s*:\s*)?[-+]?(\d{4000,})""", re.ASCII)
+
+
+def _too_long(text: str, source: str) -> str:
+    """Where the number Python will not read is (line and key), found in the text: the parsers say neither."""
+    m = _LONG_NUMBER.search(text)
+    if m is None:
+        return f"{source} holds a number too long to read; no value here needs more than a few digits."
+    line = text.count("\n", 0, m.start(2)) + 1
+    key = f", key {m.group(1)!r}" if m.group(1) else ""
+    return (f"{source} line {line}{key} holds a number too long to read ({len(m.group(2)):,} digits); no value "
+            "here needs more than a few digits.")
 
 
 def load_yaml_text(text: str, source: str, max_bytes: int = MAX_YAML_BYTES) -> Any:
@@ -164,9 +177,8 @@ def load_yaml_text(text: str, source: str, max_bytes: int = MAX_YAML_BYTES) -> A
             from None
     except yaml.YAMLError as e:
         raise InputError(f"{source} is not valid YAML: {_yaml_message(e)}") from None
-    except ValueError as e:  # Python refuses to read an integer of more than 4,300 digits
-        raise InputError(f"{source} holds a number too long to read ({str(e).split(':')[0]}); no value here "
-                         "needs more than a few digits.") from None
+    except ValueError:  # Python refuses to read an integer of more than 4,300 digits
+        raise InputError(_too_long(text, source)) from None
 
 
 def load_yaml_file(path: str | Path, what: str, max_bytes: int = MAX_YAML_BYTES) -> Any:
