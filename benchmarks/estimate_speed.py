@@ -2,6 +2,11 @@
 MemTracker sizing one update of the same model under fake tensors, measured in the same run; and peak RSS.
 
     python benchmarks/estimate_speed.py [--layers 32] [--repeat 3] [--out figures.json]
+    python benchmarks/estimate_speed.py --grid [--layers 32] [--out figures.json]
+
+--grid: the grid people wait for (#26): `rentplan estimate --micro-batch 1,2,4,8 --seq-len 1024,2048 --target sm80+`
+(8 configurations, all 7 phases, the command as a user runs it) against 8 MemTracker runs of one update each at
+the same shapes, one after the other in one run; it prints the ratio (target: at most 0.15).
 
 Both run in fresh processes on this machine: ours through run_grid (the path `rentplan estimate` takes,
 forkserver start and warm-up included) and again in one warm process (every phase, and the process's peak
@@ -66,7 +71,7 @@ w = GPT(**{shape!r})
 with FakeTensorMode(allow_non_fake_inputs=True):
     model = w.build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    batch = w.make_batch("train", 0, 1, 2048)
+    batch = w.make_batch("train", 0, {micro_batch}, {seq_len})
     mt = MemTracker()
     mt.track_external(model, opt)
     t0 = time.perf_counter()
@@ -90,19 +95,64 @@ def run(code: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+GRID = {"micro_batch": (1, 2, 4, 8), "seq_len": (1024, 2048)}
+
+
+def grid(shape: dict) -> dict:
+    """The user's command against 8 MemTracker runs, each in a fresh process, timed here."""
+    import time
+
+    params = [a for k, v in shape.items() for a in ("-p", f"{k}={v}")]
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "planner.cli", "estimate", "-w", "builtin:gpt", *params,
+               "--micro-batch", ",".join(map(str, GRID["micro_batch"])),
+               "--seq-len", ",".join(map(str, GRID["seq_len"])), "--precision", "bf16", "--target", "sm80+",
+               "--ledger", str(Path(tmp) / "l.db")]
+        t0 = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=tmp,
+                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+        ours = time.perf_counter() - t0
+        if out.returncode:
+            raise SystemExit(out.stderr[-3000:])
+    theirs = []
+    for mb in GRID["micro_batch"]:
+        for seq in GRID["seq_len"]:
+            t0 = time.perf_counter()
+            r = run(MEMTRACKER.format(root=str(ROOT), shape=shape, micro_batch=mb, seq_len=seq))
+            theirs.append({"micro_batch": mb, "seq_len": seq, "process_s": round(time.perf_counter() - t0, 2),
+                           "update_s": round(r["update_s"], 2)})
+    total = sum(t["process_s"] for t in theirs)
+    tracked = sum(t["update_s"] for t in theirs)
+    return {"shape": shape, "grid": GRID, "rentplan_estimate_s": round(ours, 2), "memtracker_runs": theirs,
+            "memtracker_total_s": round(total, 2), "memtracker_updates_s": round(tracked, 2),
+            "ratio": round(ours / total, 3), "ratio_to_tracked_updates": round(ours / tracked, 3),
+            "target_ratio": 0.15, "torch": __import__("torch").__version__}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--layers", type=int, default=SHAPE["layers"])
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--grid", action="store_true", help="the 8-configuration grid against 8 MemTracker runs")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     shape = {**SHAPE, "layers": args.layers}
+    if args.grid:
+        figures = grid(shape)
+        print(json.dumps(figures, indent=2))
+        print(f"rentplan estimate, 8 configurations × 7 phases: {figures['rentplan_estimate_s']:.1f} s; "
+              f"8 MemTracker runs of one update: {figures['memtracker_total_s']:.1f} s as processes (ratio "
+              f"{figures['ratio']:.3f}), {figures['memtracker_updates_s']:.1f} s in its tracked updates alone "
+              f"(ratio {figures['ratio_to_tracked_updates']:.3f}); target ≤ 0.15")
+        if args.out:
+            Path(args.out).write_text(json.dumps(figures, indent=2))
+        return
     rounds = []
     for _ in range(args.repeat):
         with tempfile.TemporaryDirectory() as tmp:
             ours = run(OURS.format(root=str(ROOT), shape=shape, ledger=str(Path(tmp) / "l.db")))
             worker = run(IN_PROCESS.format(root=str(ROOT), shape=shape, tmp=tmp))
-        theirs = run(MEMTRACKER.format(root=str(ROOT), shape=shape))
+        theirs = run(MEMTRACKER.format(root=str(ROOT), shape=shape, micro_batch=1, seq_len=2048))
         rounds.append({"rentplan_estimate_all_phases": ours, "in_one_warm_worker": worker,
                        "memtracker_one_update": theirs,
                        "ratio_ours_over_memtracker": round(ours["wall_s"] / theirs["update_s"], 3),
