@@ -19,6 +19,14 @@ def weights(trainer) -> dict:
         return trainer.model.state_dict()
 
 
+def adapter_weights(trainer) -> dict | None:
+    """The LoRA adapter's tensors where the model has one (what export ships), else None."""
+    from probes.hf import adapter_weights as of_model
+
+    with _UnknownValuesAreOne() if trainer.fake else contextlib.nullcontext():  # peft reads the full state dict
+        return of_model(getattr(trainer.model, "module", trainer.model))
+
+
 def training_state(trainer) -> dict:
     rng = {"torch": torch.get_rng_state(), "python": list_state(random.getstate())}
     if trainer.device.type == "cuda":

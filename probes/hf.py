@@ -322,16 +322,24 @@ def hf_workload(path: str, **params) -> HFWorkload:
     return HFWorkload(path, **params)
 
 
-def export_adapter(model, path: str) -> bool:
-    """Write only the LoRA adapter's tensors (safetensors). False when the model has no adapter."""
+def adapter_weights(model) -> dict | None:
+    """The LoRA adapter's tensors, what an export ships for a PEFT model; None when the model has no adapter."""
     try:
         from peft import PeftModel, get_peft_model_state_dict
     except ImportError:
-        return False
+        return None
     inner = getattr(model, "module", model)
     if not isinstance(inner, PeftModel):
+        return None
+    return get_peft_model_state_dict(inner)
+
+
+def export_adapter(model, path: str) -> bool:
+    """Write only the LoRA adapter's tensors (safetensors). False when the model has no adapter."""
+    tensors = adapter_weights(model)
+    if tensors is None:
         return False
     from safetensors.torch import save_file
 
-    save_file({k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(inner).items()}, path)
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, path)
     return True

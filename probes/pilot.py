@@ -253,9 +253,12 @@ class Pilot:
     def export(self) -> dict:
         if self.fake:  # FSDP: the gather to rank 0 is what costs memory, so it runs
             fsdp = self.cfg.strategy == "fsdp"
-            weights = checkpoint.gathered_weights(self.trainer) if fsdp else checkpoint.weights(self.trainer)
-            return {"checkpoint_bytes": _tensor_bytes(weights), "detail": "estimated: "
-                    + ("full weights gathered to rank 0" if fsdp else "weights size") + ", no file written"}
+            adapter = None if fsdp else checkpoint.adapter_weights(self.trainer)  # what checkpoint.export ships
+            weights = checkpoint.gathered_weights(self.trainer) if fsdp else \
+                adapter if adapter is not None else checkpoint.weights(self.trainer)
+            what = "full weights gathered to rank 0" if fsdp else \
+                "the LoRA adapter's size" if adapter is not None else "weights size"
+            return {"checkpoint_bytes": _tensor_bytes(weights), "detail": f"estimated: {what}, no file written"}
         path = os.path.join(self.workdir, f"{self.run_id}.model.safetensors")
         size = checkpoint.export(self.trainer, path)  # weights only (gathered to rank 0 when sharded)
         return {"checkpoint_bytes": size}

@@ -42,6 +42,17 @@ def test_tiny_llama_probes_through_all_phases(tmp_path, llama):
     assert list(df["phase"]) == list(PHASES) and (df["verdict"] == "ok").all(), df[["phase", "detail"]]
 
 
+def test_an_estimated_lora_export_is_the_adapter_as_a_measured_one_is(tmp_path, llama):
+    """User: a tiny Llama with --lora measured an export of 116,712 bytes (the adapter) and estimated one of
+    28,500,992 ("weights size"): the sheet then timed a QLoRA export of 5.36 GiB instead of tens of MB."""
+    (tmp_path / "m").mkdir(), (tmp_path / "e").mkdir()
+    measured, _ = pilot(tmp_path / "m", f"hf:{llama}", {"lora": LORA})
+    estimated, _ = pilot(tmp_path / "e", f"hf:{llama}", {"lora": LORA}, mode="estimated")
+    real, est = measured["export"]["checkpoint_bytes"], estimated["export"]["checkpoint_bytes"]
+    assert est <= real <= est + 4096, (real, est)  # the tensors; the file adds its JSON header
+    assert "adapter" in estimated["export"]["detail"]
+
+
 @pytest.mark.slow
 def test_lora_optimizer_state_is_exactly_the_adapters(tmp_path, llama):
     lines, p = pilot(tmp_path, f"hf:{llama}", {"lora": LORA})

@@ -133,6 +133,10 @@ def test_8b_qlora_is_planned_for_a_24_gb_card_from_its_estimate(tmp_path, monkey
     setup = read_lines(tmp_path / "l.db").query("phase == 'setup'").iloc[0]
     # 7.0 B quantized parameters at ~0.5 B + embeddings and head in bf16 (2 × 0.53 B parameters × 2 B)
     assert 5.0 * 2**30 < setup["peak_allocated_bytes"] < 5.8 * 2**30
+    # export: adapter ships the adapter alone: 4 targets × 32 layers × r 16 × (4096 + in/out widths), fp32
+    export = read_lines(tmp_path / "l.db").query("phase == 'export'").iloc[0]
+    adapter = 32 * 16 * 4 * (2 * (4096 + 4096) + 2 * (4096 + 1024))
+    assert export["checkpoint_bytes"] == adapter, (export["checkpoint_bytes"], adapter)
     r = CliRunner().invoke(cli, ["plan", "--campaign", "qlora.yaml", "--ledger", "l.db", "--out", "out",
                                  "--offer", "vast-rtx_4090-1x"])
     assert r.exit_code == 0, r.output
