@@ -46,6 +46,8 @@ def fmt_bytes(n: float | int | None) -> str:
 def fmt_seconds(s: float | None) -> str:
     if s is None or (isinstance(s, float) and math.isnan(s)):
         return ""
+    if s < 1e-3:  # a collective's latency: never '0.0 ms'
+        return f"{s * 1e6:.0f} µs"
     if s < 1:
         return f"{s * 1000:.1f} ms"
     if s < 120:

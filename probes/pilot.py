@@ -252,12 +252,12 @@ class Pilot:
 
     def export(self) -> dict:
         if self.fake:  # FSDP: the gather to rank 0 is what costs memory, so it runs
-            fsdp = self.cfg.strategy == "fsdp"
-            adapter = None if fsdp else checkpoint.adapter_weights(self.trainer)  # what checkpoint.export ships
-            weights = checkpoint.gathered_weights(self.trainer) if fsdp else \
-                adapter if adapter is not None else checkpoint.weights(self.trainer)
-            what = "full weights gathered to rank 0" if fsdp else \
-                "the LoRA adapter's size" if adapter is not None else "weights size"
+            if self.cfg.strategy == "fsdp":
+                weights, what = checkpoint.gathered_weights(self.trainer), "full weights gathered to rank 0"
+            elif (adapter := checkpoint.adapter_weights(self.trainer)) is not None:  # what checkpoint.export ships
+                weights, what = adapter, "the LoRA adapter's size"
+            else:
+                weights, what = checkpoint.weights(self.trainer), "weights size"
             return {"checkpoint_bytes": _tensor_bytes(weights), "detail": f"estimated: {what}, no file written"}
         path = os.path.join(self.workdir, f"{self.run_id}.model.safetensors")
         size = checkpoint.export(self.trainer, path)  # weights only (gathered to rank 0 when sharded)

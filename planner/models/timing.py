@@ -27,6 +27,7 @@ import pandas as pd
 from planner.inputs.catalog import Catalog, Gpu, Offer
 from planner.models.kernels import kernel_target
 from planner.models.roofline import FAST, POINT, SLOW, census_for
+from planner.units import fmt_seconds
 
 MFU_RANGE = (0.25, 0.50)
 LAUNCH_S = (5e-6, 10e-6)
@@ -138,8 +139,8 @@ def comm_time(tp: Throughput, strategy: str, gpu: Gpu, offer: Offer, grad_accum:
     seconds = intra + inter + latency
     link = gpu.interconnect or "PCIe"
     where = f"{link}" + (f" + {offer.network} {offer.network_gbps:g} Gb/s between {m} nodes" if m > 1 else "")
-    return Comm(seconds, f"{what}: {_fmt_s(seconds)} over {where} (estimated; {calls} collectives × "
-                         f"{_fmt_s(latency / calls)} of NCCL ring latency)")
+    return Comm(seconds, f"{what}: {fmt_seconds(seconds)} over {where} (estimated; {calls} collectives × "
+                         f"{fmt_seconds(latency / calls)} of NCCL ring latency)")
 
 
 # NCCL's own cost model for ring collectives, Simple protocol (src/graph/tuning.cc, ncclTopoTuneModel): a base
@@ -161,10 +162,6 @@ def _ring_latency_s(ranks: int, nodes: int, steps_per_rank: int, nvlink: bool) -
     intra = steps_per_rank * (ranks - 1) - inter
     us = NCCL_BASE_US + intra * NCCL_STEP_US["nvlink" if nvlink else "pci"] + inter * NCCL_STEP_US["net"]
     return us * 1e-6
-
-
-def _fmt_s(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} µs"
 
 
 def update_time(tp: Throughput, gpu: Gpu, precision: str, micro_batch: int, seq_len: int, grad_accum: int,
