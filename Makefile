@@ -49,14 +49,15 @@ bench: install
 
 # The sizing benchmark against the public H100 runs (../shared/gpu-truth/h100.csv), in an environment of its own:
 # timm needs torchvision, and the package index has no CPU torchvision for the pinned torch 2.13.0+cpu; torch 2.14.1
-# and torchvision 0.29.1 lie on this machine's disk (they run on the CPU here). Not part of CI.
+# and torchvision 0.29.1 lie on this machine's disk (they run on the CPU here). transformers is the release line the
+# rows ran (measured 2024-10-29): the models' code is what is sized, and today's T5 is not 2024's. Not part of CI.
 BENCH ?= .venv-bench
 bench-truth: $(BENCH)/installed
 	$(BENCH)/bin/python benchmarks/gpu_truth.py
 $(BENCH)/installed: pyproject.toml
 	$(PYTHON) -m venv $(BENCH)
 	$(BENCH)/bin/pip install -q --upgrade pip
-	$(BENCH)/bin/pip install -q torch==2.14.1 torchvision==0.29.1 timm
+	$(BENCH)/bin/pip install -q torch==2.14.1 torchvision==0.29.1 timm "transformers==4.46.3"
 	$(BENCH)/bin/pip install -q -e ".[probe,hf]"
 	touch $@
 

@@ -7,8 +7,10 @@ Each row is estimated under fake tensors with the H100's kernels (target sm80+: 
 attention, CUDA's autocast policy, the caching allocator simulated), through the same worker and ledger a user's
 `rentplan estimate` uses, then planned on the catalog's h100_sxm by the planner itself (select), and compared:
 
-  alloc  = the estimate's allocated peak (first update and steady updates) ÷ the row's active peak
-  resv   = the simulated reserved peak (the same phases) ÷ the row's reserved peak
+  alloc  = the estimate's allocated peak (first update and steady updates) + the BLAS workspaces a CUDA run holds
+           (planner/models/overheads.py: cuBLAS and cuBLASLt, for the forward's thread and the backward's) ÷ the
+           row's active peak, which counts them
+  resv   = the simulated reserved peak (the same phases) + those workspaces' reserved bytes ÷ the row's reserved peak
   need   = the planner's need on h100_sxm (largest phase, + the BLAS workspaces it adds; not the CUDA context,
            which is outside PyTorch's counters) ÷ the row's reserved peak: below 1.00 is a false fit
   time   = the planned update time (fast end – slow end, point) against the row's step_ms
@@ -40,6 +42,7 @@ TRUTH = ROOT.parent / "shared" / "gpu-truth"
 WORKLOAD = f"{ROOT / 'benchmarks' / 'truth_workloads.py'}:truth"
 PRECISION = {"fp32": "fp32", "fp16 autocast on fp32 weights": "fp16", "pure fp16 (weights and Adam state fp16)": "16-true"}
 TRAINING = ("first_step", "steady")
+ROWS_TRANSFORMERS = "4.46."
 
 
 def row_workload(row: dict, truth: Path) -> dict:
@@ -87,8 +90,10 @@ def compare(row: dict, lines, cfg: ProbeConfig) -> dict:
     train = ok[ok["phase"].isin(TRAINING)]
     active, reserved, step_s = float(row["active_peak_bytes"]), float(row["reserved_peak_bytes"]), \
         float(row["step_ms"]) / 1e3
-    alloc = float(train["peak_allocated_bytes"].max())
-    resv = float(train["simulated_reserved_bytes"].max())
+    from planner.models.overheads import workspace_allocated_bytes, workspace_bytes
+
+    alloc = float(train["peak_allocated_bytes"].max()) + workspace_allocated_bytes("9.0")
+    resv = float(train["simulated_reserved_bytes"].max()) + workspace_bytes("9.0")
     plan, catalog = planned(lines, cfg)
     outside = float(plan["context_bytes"]) - catalog.context_bytes  # the BLAS workspaces the planner adds
     need = float(plan["need_bytes"]) + outside
@@ -170,7 +175,9 @@ def table(rows: list[dict]) -> str:
             out.append([r["tag"], "error: " + r["error"][:80]] + [""] * 7)
             continue
         out.append([r["tag"], f"{r['alloc_gib']:.2f}/{r['active_gib']:.2f} = {r['alloc']:.3f}", f"{r['resv']:.3f}",
-                    f"{r['need_gib']:.2f}/{r['reserved_gib']:.2f} = {r['need']:.3f}", r["need_phase"],
+                    f"{r['need_gib']:.2f}/{r['reserved_gib']:.2f} = {r['need']:.3f}"
+                    + (f" ({(r['reserved_gib'] - r['need_gib']) * 1024:.0f} MiB short)" if r["need"] < 1 else ""),
+                    r["need_phase"],
                     r["time_ms"], f"{r['point_ms']:.0f}", f"{r['step_ms']:.0f}",
                     f"{'yes' if r['inside'] else 'no'} ({r['point_error']:+.0%})"])
     return tabulate(out, headers=["row", "alloc GiB est/active", "resv sim/real", "need GiB / reserved", "need phase",
@@ -198,6 +205,11 @@ def main() -> None:
         if skipped:
             print(f"timm is not installed: {', '.join(skipped)} skipped (make bench-truth builds .venv-bench)",
                   file=sys.stderr)
+    import transformers
+
+    if not transformers.__version__.startswith(ROWS_TRANSFORMERS):
+        print(f"transformers {transformers.__version__}: the rows ran the {ROWS_TRANSFORMERS} line (2024-10), whose "
+              f"model code is what they measured; make bench-truth pins it", file=sys.stderr)
     from planner.ledger import read_lines
     from probes.runner import run_grid
 
@@ -213,9 +225,10 @@ def main() -> None:
                 results[-1]["parts"] = time_parts(lines, cfg)
             print(f"{row['tag']}: estimated and planned in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     import torch
+    import transformers
 
-    print(f"rentplan vs {truth / 'h100.csv'} (estimates: fake tensors, target sm80+, torch {torch.__version__}; "
-          f"plan: h100_sxm from catalog.yaml)\n")
+    print(f"rentplan vs {truth / 'h100.csv'} (estimates: fake tensors, target sm80+, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}; plan: h100_sxm from catalog.yaml)\n")
     print(table(results))
     print("\n" + summary(results))
     if args.fit:

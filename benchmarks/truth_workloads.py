@@ -3,7 +3,9 @@ exp_utils.py), as rentplan workloads: the same models built from their configs w
 inputs and losses. Nothing is downloaded.
 
 - causal-lm (Llama-3.2-1B, gemma-2b, gpt2-large) and seq2seq (T5-large): `AutoModelFor*.from_config`, random
-  token ids and random labels of the same length, the model's own loss.
+  token ids and random labels of the same length, the model's own loss. The models' code is transformers' of the
+  rows' date (4.46, pinned by `make bench-truth`). T5's has changed since: under transformers 5.25, even with 2024's
+  eager attention re-created, T5-large's estimate read 1.2-1.8 % under these rows' active peaks; 4.46's reads 0.1-0.5 %.
 - timm (vit_huge_patch14_clip_224, convnextv2_huge): `timm.create_model(name, pretrained=False)` (1000 classes),
   random images of side `seq_len`, cross-entropy.
 - clip (clip-vit-large-patch14-336): `CLIPModel` from its config, images of side `seq_len`, the text config's
@@ -24,32 +26,6 @@ import torch.nn.functional as F
 
 def _generator(split: str, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(f"{split}:{index}".encode()))
-
-
-def _t5_eager_2024(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_bias=None,
-                   **kwargs):
-    """T5Attention.forward of transformers 4.4x (modeling_t5.py lines 315-318 there): the scores take the position
-    bias in place and the softmax runs in fp32 and is cast back, `softmax(scores.float()).type_as(scores)`. Today's
-    eager T5 attention keeps the softmax in the scores' dtype: under pure fp16 it saves a half-size softmax output
-    for backward (128 MiB less per attention at 4 × 1024 tokens, 9 GiB over T5-large's 72 attentions), so the
-    2024 row cannot be reproduced with it. Under autocast both are fp32 (softmax is on autocast's fp32 list)."""
-    if scaling not in (None, 1.0):
-        raise ValueError(f"T5's attention is unscaled; got scaling {scaling}")
-    scores = torch.matmul(query, key.transpose(3, 2))
-    if position_bias is not None:
-        scores += position_bias
-    if attention_mask is not None:
-        scores += attention_mask
-    weights = F.softmax(scores.float(), dim=-1).type_as(scores)
-    weights = F.dropout(weights, p=dropout, training=module.training)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
-
-
-def _t5_attention_2024() -> str:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register("t5_eager_2024", _t5_eager_2024)
-    return "t5_eager_2024"
 
 
 class ClipWithLoss(nn.Module):
@@ -81,9 +57,7 @@ class Truth:
         if kind != "timm":
             from transformers import AutoConfig
 
-            # T5 ran with its eager attention as transformers wrote it in 2024 (the rows' date), not today's
-            extra = {"attn_implementation": _t5_attention_2024()} if kind == "seq2seq" else {}
-            self.config = AutoConfig.from_pretrained(source, **extra)
+            self.config = AutoConfig.from_pretrained(source)
 
     def build_model(self):
         if self.kind == "timm":

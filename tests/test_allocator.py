@@ -150,3 +150,19 @@ def test_a_cuda_memory_history_replays_beside_its_own_segments():
     out = replay_cuda_trace(trace)
     assert out == {"real_peak_reserved": 60 * MiB, "simulated_peak_reserved": 60 * MiB,
                    "simulated_peak_allocated": 43 * MiB}  # 3 live + 40
+
+
+def test_blas_workspaces_count_two_threads_placed_by_the_allocator_model():
+    """One cuBLAS + one cuBLASLt workspace per (handle, stream), and a training step's forward and backward run on two
+    threads (two handles). Reserved bytes are the four requests replayed through the caching allocator's model."""
+    from planner.models.overheads import describe, workspace_allocated_bytes, workspace_bytes
+
+    MiB = 2**20
+    cublas_sm80 = 4096 * 1024 * 2 + 16 * 1024 * 8  # ":4096:2:16:8"
+    assert workspace_allocated_bytes("9.0") == 2 * (32 * MiB + MiB)
+    assert workspace_bytes("9.0") == 2 * 32 * MiB + 2 * MiB  # 32 MiB segments each; both 1 MiB in one 2 MiB segment
+    assert workspace_allocated_bytes("8.0") == 2 * (cublas_sm80 + MiB)
+    assert workspace_bytes("8.0") == 20 * MiB + 2 * MiB  # two 8.1 MiB requests share one 20 MiB segment
+    assert workspace_bytes("9.0", threads=1) == 34 * MiB
+    assert workspace_bytes(None, "rocm", "cdna3") == 2 * (128 + 76) * MiB
+    assert "66 MiB" in describe("9.0") and "backward" in describe("9.0")

@@ -86,3 +86,27 @@ def test_an_estimate_for_this_gpus_kernels_matches_its_measured_allocated_peak(t
         print(f"{phase}: estimated/measured allocated {ratio:.3f}; simulated/measured reserved "
               f"{e.loc[phase, 'simulated_reserved_bytes'] / m.loc[phase, 'peak_reserved_bytes']:.3f}")
         assert abs(ratio - 1) < 0.10, phase
+
+
+def test_a_training_step_holds_two_sets_of_blas_workspaces():
+    """The forward's matmuls run on this thread, the backward's on the autograd engine's device thread: each thread
+    has its own cuBLAS handle, so its own workspace (planner/models/overheads.py). Counted on the real allocator."""
+    import torch
+
+    from planner.models.overheads import workspace_allocated_bytes
+
+    major, minor = torch.cuda.get_device_capability(0)
+    w = torch.randn(512, 512, device="cuda", requires_grad=True)
+    x = torch.randn(64, 512, device="cuda")
+    torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
+    before = torch.cuda.memory_allocated()
+    y = x @ w
+    forward = torch.cuda.memory_allocated() - before - y.untyped_storage().nbytes()
+    y.sum().backward()
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before - y.untyped_storage().nbytes() - w.grad.untyped_storage().nbytes()
+    one = workspace_allocated_bytes(f"{major}.{minor}", threads=1)
+    # cuBLASLt's 1 MiB comes only with the matmuls that take that path (a bias, some shapes): at most one per thread
+    assert one - 2**20 <= forward <= one, forward
+    assert 2 * (one - 2**20) <= held <= 2 * one, held

@@ -6,10 +6,17 @@ line's reserved peak already holds them):
 
 - cuBLAS workspace, one per (handle, stream), allocated through the caching allocator at the first matmul
   and kept: CUBLAS_WORKSPACE_CONFIG's default ":4096:2:16:8" = 8,519,680 bytes, 32 MiB on sm90
-  (aten/src/ATen/cuda/CublasHandlePool.cpp @ 26a39059: parseChosenWorkspaceSize). A request under 10 MiB
-  takes a 20 MiB segment (planner/models/allocator.py), so it reserves 20 MiB; 32 MiB reserves 32 MiB.
-- cuBLASLt workspace: 1 MiB by default (parseCUDABlasLtWorkspaceSize), a 2 MiB small-pool segment.
+  (aten/src/ATen/cuda/CublasHandlePool.cpp @ 26a39059: parseChosenWorkspaceSize, setWorkspaceForHandle).
+- cuBLASLt workspace: 1 MiB by default (parseCUDABlasLtWorkspaceSize), kept per (handle, stream) the same way.
 - ROCm: hipBLAS 32 MiB (128 MiB on gfx94x/gfx95x, MI300X) and hipBLASLt 76 MiB, same file.
+- Two threads hold them in a training step: a handle is per thread (getCurrentCUDABlasHandle reserves it from a
+  thread_local PoolWindow), and the backward's matmuls run on the autograd engine's thread for the device
+  (torch/csrc/autograd/engine.cpp, Engine::start_device_threads), not on the thread that ran the forward and the
+  optimizer. So a training line holds two of each; their reserved bytes come from replaying the four requests
+  through the caching allocator's model (two 8.1 MiB cuBLAS requests share one 20 MiB segment; 32 MiB ones take
+  32 MiB each; the 1 MiB cuBLASLt ones share a 2 MiB small-pool segment). On the public H100 rows
+  (../shared/gpu-truth) fake-tensor tracking of the same code reads 58-60 MiB under the real active peak where
+  nothing else differs (T5-large, sanketpurandare/mem-run-estimator's own estimates): two 32 MiB workspaces, not one.
 - NCCL buffers, for DDP and FSDP only (outside PyTorch's allocator): 1.6 GB per process after an all-reduce
   on one communicator (NVIDIA/nccl#864); 1.06 GB on 8 × H100 after init (NVIDIA/nccl#1685); they grow
   with the channels NCCL opens (maintainer, NVIDIA/nccl#986). The planner takes the high end.
@@ -19,33 +26,41 @@ from __future__ import annotations
 
 import json
 
-from planner.models.allocator import SMALL_BUFFER, allocation_size
 
 MiB = 1 << 20
 CUBLAS_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
 NCCL_BYTES = int(1.6e9)
+BLAS_THREADS = 2  # the thread that runs the forward and the optimizer, and the autograd engine's device thread
 
 
-def workspace_allocated_bytes(compute_capability: str | None, software: str = "cuda", arch: str | None = None) -> int:
+def _workspaces(compute_capability: str | None, software: str, arch: str | None) -> tuple[int, int]:
+    """(BLAS, BLASLt) workspace bytes of one (handle, stream)."""
+    if software == "rocm":
+        return (128 * MiB if (arch or "").lower() in ("cdna3", "cdna4") else 32 * MiB), 76 * MiB
+    return (32 * MiB if str(compute_capability) == "9.0" else CUBLAS_DEFAULT), MiB
+
+
+def workspace_allocated_bytes(compute_capability: str | None, software: str = "cuda", arch: str | None = None,
+                              threads: int = BLAS_THREADS) -> int:
     """Allocated (not reserved) bytes of the BLAS workspaces: what a CUDA line's allocated peak holds after the
-    first matmul and an estimate does not."""
-    if software == "rocm":
-        return (128 * MiB if (arch or "").lower() in ("cdna3", "cdna4") else 32 * MiB) + 76 * MiB
-    return (32 * MiB if str(compute_capability) == "9.0" else CUBLAS_DEFAULT) + MiB
+    first matmul (of each thread) and an estimate does not."""
+    return threads * sum(_workspaces(compute_capability, software, arch))
 
 
-def workspace_bytes(compute_capability: str | None, software: str = "cuda", arch: str | None = None) -> int:
-    """Reserved bytes of the BLAS workspaces of one stream on this GPU."""
-    if software == "rocm":
-        hip = 128 * MiB if (arch or "").lower() in ("cdna3", "cdna4") else 32 * MiB
-        return allocation_size(hip) + allocation_size(76 * MiB)
-    cublas = 32 * MiB if str(compute_capability) == "9.0" else CUBLAS_DEFAULT
-    return allocation_size(cublas) + SMALL_BUFFER  # + cuBLASLt's 1 MiB in a 2 MiB small segment
+def workspace_bytes(compute_capability: str | None, software: str = "cuda", arch: str | None = None,
+                    threads: int = BLAS_THREADS) -> int:
+    """Reserved bytes of the BLAS workspaces of `threads` threads on one stream, as the caching allocator's model
+    places them."""
+    from planner.models.allocator import replay
+
+    blas, lt = _workspaces(compute_capability, software, arch)
+    events = [("a", f"{kind}{t}", size) for t in range(threads) for kind, size in (("blas", blas), ("lt", lt))]
+    return int(replay(events)[""]["peak_reserved"])
 
 
 def describe(compute_capability: str | None, software: str = "cuda", arch: str | None = None) -> str:
     return (f"BLAS workspaces {workspace_bytes(compute_capability, software, arch) / MiB:.0f} MiB reserved "
-            "(CublasHandlePool.cpp defaults)")
+            "(CublasHandlePool.cpp defaults, for the forward's thread and the backward's)")
 
 
 # cuDNN's convolution workspaces: PyTorch allocates each algorithm's workspace through the caching allocator for the
