@@ -54,7 +54,7 @@ bench: install
 BENCH ?= .venv-bench
 bench-truth: $(BENCH)/installed
 	$(BENCH)/bin/python benchmarks/gpu_truth.py
-$(BENCH)/installed: pyproject.toml
+$(BENCH)/installed: pyproject.toml Makefile  # the pins below are in this file
 	$(PYTHON) -m venv $(BENCH)
 	$(BENCH)/bin/pip install -q --upgrade pip
 	$(BENCH)/bin/pip install -q torch==2.14.1 torchvision==0.29.1 timm "transformers==4.46.3"

@@ -166,3 +166,6 @@ def test_blas_workspaces_count_two_threads_placed_by_the_allocator_model():
     assert workspace_bytes("9.0", threads=1) == 34 * MiB
     assert workspace_bytes(None, "rocm", "cdna3") == 2 * (128 + 76) * MiB
     assert "66 MiB" in describe("9.0") and "backward" in describe("9.0")
+    # Blackwell (B200 10.0, Thor 11.0, RTX 50 12.0) takes Hopper's 32 MiB since pytorch/pytorch#175344 and #189312
+    assert workspace_bytes("10.0") == workspace_bytes("12.0") == workspace_bytes("11.0") == workspace_bytes("9.0")
+    assert workspace_bytes("8.9") == workspace_bytes("8.0") and workspace_bytes("7.5") == 22 * MiB

@@ -10,7 +10,9 @@ from planner.inputs.campaign_spec import load_campaign_text
 from planner.inputs.catalog import Offer, load_catalog, parse_catalog
 from planner.errors import CatalogError
 from planner.ledger import read_lines
-from planner.decisions.select import NO_FIT, select
+from planner.decisions.select import NO_FIT, ddp_need, select
+from planner.models.memory_model import Need
+from planner.models.overheads import DDP_BROADCAST_BYTES
 from planner.models.timing import Throughput, comm_time
 from tests.factories import GiB, MiB, campaign_yaml, config, pilot_lines, write_ledger
 
@@ -102,6 +104,22 @@ def test_ddp_need_adds_the_gradient_buckets_where_one_process_has_no_gradients(t
     assert two["need_bytes"] >= one["need_bytes"] - 1  # never below the single-process need
 
 
+def test_a_ddp_setup_holds_buckets_beside_the_broadcast_copies_of_the_parameters():
+    """Plain SGD (no optimizer state): one process peaks in training at 2 x the parameters plus activations,
+    but a DDP rank's constructor can hold the parameters, their gradient buckets and the flattened copies it
+    broadcast from rank 0 at once (tests/test_distributed.py saw 3.0 x on a 2-core CI machine)."""
+    p = 4 * GiB
+    act = GiB // 2
+    single = {"setup": p, "first_step": 2 * p + act, "steady": 2 * p + act, "eval": p + act, "save": p,
+              "export": p, "resume": 2 * p + act}
+    need = ddp_need(Need(2 * p + act, "first_step", "measured", False, single), p, 1, DDP_BROADCAST_BYTES)
+    assert need.phase == "setup" and need.bytes == p + p + 750 * MiB  # copies: 3 buckets of 250 MiB at most
+    assert need.per_phase["eval"] == p + act + p and need.per_phase["steady"] == 2 * p + act
+    assert "broadcast copies (750.0 MiB) at setup" in need.basis
+    small = ddp_need(Need(3 * MiB, "steady", "m", False, {"setup": MiB, "steady": 3 * MiB}), MiB, 1, MiB)
+    assert small.per_phase["setup"] == 3 * MiB  # a small model's copy is all of its parameters
+
+
 def test_fsdp_need_comes_from_fsdp_lines_when_the_ledger_has_them(tmp_path):
     camp = load_campaign_text(campaign_yaml(), "t")
     huge = lambda mb, seq: 100 * GiB + mb * seq * 50_000  # noqa: E731  does not fit one GPU
@@ -163,3 +181,24 @@ def test_local_order_is_sized_from_one_process_lines_only(tmp_path):
     settings = orders[1]["settings"]
     assert orders[0]["settings"] == settings
     assert settings["micro_batch"] * settings["grad_accum"] == camp.effective_batch  # the campaign's shape
+
+
+@pytest.mark.parametrize("measured_on, h100_extra, a100_extra", [
+    (None, 66 * MiB, 22 * MiB),  # CPU lines hold no workspace: each GPU's own, two threads' worth
+    ("NVIDIA H100 80GB HBM3", 0, 0),  # in the lines' reserved peaks already; an A100's are smaller
+    ("NVIDIA A100-SXM4-40GB", 44 * MiB, 0),  # sm90's 32 MiB cuBLAS workspace against 8 MiB, for each thread
+])
+def test_the_context_adds_the_blas_workspaces_the_lines_do_not_hold(tmp_path, measured_on, h100_extra, a100_extra):
+    camp = load_campaign_text(campaign_yaml(), "t")
+    lines = []
+    for mb, seq in [(1, 128), (2, 128), (1, 256), (4, 256)]:
+        cfg = config(micro_batch=mb, seq_len=seq, eval_seq_len=seq, eval_micro_batch=mb)
+        cuda = {} if measured_on is None else {"reserved": True, "device": "cuda:0", "device_name": measured_on}
+        lines += pilot_lines(cfg, 100 * MiB + mb * seq * 50_000, **cuda)
+    sheet = select(camp, read_lines(write_ledger(tmp_path / "l.db", lines)), CATALOG,
+                   offers=[offer(id="h100", gpus=1), offer(id="a100", gpus=1, gpu="a100_40gb")])
+    for offer_id, extra in (("h100", h100_extra), ("a100", a100_extra)):
+        r = row(sheet, offer_id)
+        assert r["context_bytes"] - CATALOG.context_bytes == extra, offer_id
+        said = f"BLAS workspaces {extra // MiB} MiB"
+        assert (said in r["context_basis"]) == (extra > 0), r["context_basis"]

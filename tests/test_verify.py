@@ -71,6 +71,27 @@ def test_extras_follow_the_workload(workload, params, optimizer, extras):
     assert workload_extras(workload, params, optimizer) == extras
 
 
+def test_a_pilot_that_holds_what_the_plan_said_is_adopted_workspaces_included(tmp_path):
+    """Planned from CPU lines for an H100: the need leaves out the 66 MiB of BLAS workspaces (the context holds
+    them), and the rented GPU's reserved peak includes them. A pilot that measures exactly the plan is adopted;
+    one past the plan's need, workspaces and tolerance is not."""
+    from probes.verify import memory_check
+
+    camp = tmp_path / "c.yaml"
+    camp.write_text(campaign_yaml())
+    r = CliRunner().invoke(cli, ["plan", "--campaign", str(camp), "--ledger", standard_ledger(tmp_path / "l.db"),
+                                 "--out", str(tmp_path / "out"), "--offer", "aws-h100_sxm-8x"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads((tmp_path / "out" / "order.json").read_text())["plan"]
+    assert plan["workspace_bytes"] == 66 * 2**20 and plan["need_bytes"] < 660 * 2**20  # the gap outgrows 10 %
+    assert plan["context_bytes"] >= plan["workspace_bytes"]
+    measured = plan["need_bytes"] + plan["workspace_bytes"]  # what a GPU reads when the plan is right
+    ok = memory_check(measured, plan)
+    assert ok["status"] == "pass", ok["detail"]
+    assert "incl. 66 MiB of BLAS workspaces from its context" in ok["detail"]
+    assert memory_check(measured * 1.11, plan)["status"] == "fail"
+
+
 def test_cuda_order_on_a_cpu_machine_is_not_adopted(tmp_path):
     if has_cuda():
         pytest.skip("this machine has CUDA")

@@ -20,9 +20,10 @@ from planner.decisions.selfcheck import estimate_check
 from planner.models.kernels import kernel_target
 from planner.models.memory_model import (SEQ_LIMIT, MemoryModel, Need, allocated_factor, build_model, max_micro_batch,
                                          max_seq_len)
-from planner.models.overheads import CONV_ALLOWANCE, NCCL_BYTES, conv_note, has_convolutions, workspace_bytes
+from planner.models.overheads import (CONV_ALLOWANCE, DDP_BROADCAST_BYTES, NCCL_BYTES, MiB, conv_note,
+                                      has_convolutions, workspace_bytes)
 from planner.models.overheads import describe as describe_workspace
-from planner.models.timing import Throughput, TimeRange, throughput, update_time
+from planner.models.timing import Throughput, TimeRange, match_catalog_gpu, throughput, update_time
 from planner.units import fmt_bytes, fmt_seconds
 
 FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
@@ -279,7 +280,8 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     field of the row but the price's (offer is any offer of that shape; priced_sheet adds the prices)."""
     precision, why = choose_precision(gpu, campaign.precision)
     fam = fams.get(precision, kernel_target(gpu.compute_capability, gpu.software))
-    ctx = catalog.context_bytes + outside_bytes(fam, gpu)
+    workspaces = outside_bytes(fam, gpu, catalog)
+    ctx = catalog.context_bytes + workspaces
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
     max_mb, mb_extrap = max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len, budget)
     positions, positions_basis = fam.evidence.position_limit
@@ -309,6 +311,7 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "network": offer.network, "usable_bytes": gpu.usable_bytes, "need_bytes": int(need.bytes), "need_phase": need.phase,
         "need_basis": need.basis, "need_extrapolated": need.extrapolated, "context_bytes": ctx,
         "context_basis": context_basis(catalog, fam, gpu, replicas),
+        "workspace_bytes": workspaces,  # the part of the context a CUDA reserved peak counts (verify compares it)
         "headroom_pct": round(100 * (gpu.usable_bytes - need.bytes - ctx) / gpu.usable_bytes, 1),
         "max_micro_batch": max_mb, "max_micro_batch_extrapolated": mb_extrap,
         "max_dimension_basis": "without the headroom (tight)" if without_headroom else "with the headroom",
@@ -347,7 +350,7 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
     """Single GPU, DDP or FSDP on this offer, and why. One GPU per instance: single. Several: DDP when a replica
     fits one GPU and the replicas make the update faster than one GPU does (all-reduce included); FSDP when
     model states and an example do not fit one GPU."""
-    one_ctx, usable = catalog.context_bytes + outside_bytes(fam, gpu), gpu.usable_bytes
+    one_ctx, usable = catalog.context_bytes + outside_bytes(fam, gpu, catalog), gpu.usable_bytes
     gpus = offer.gpus_per_instance * offer.nodes
     eval_mb_fixed, eval_seq = campaign.eval.micro_batch, campaign.eval.seq_len
 
@@ -356,7 +359,8 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
         need = fam.memory.need(mb, seq, eval_mb_fixed or mb, eval_seq)
         ctx = one_ctx + (NCCL_BYTES if replicas > 1 else 0)
         if replicas > 1:
-            need = ddp_need(need, gradient_bytes(fam, catalog.fragmentation_factor), accum)
+            need = ddp_need(need, gradient_bytes(fam, catalog.fragmentation_factor), accum,
+                            broadcast_bytes(fam, catalog.fragmentation_factor))
         return {"replicas": replicas, "micro_batch": mb, "grad_accum": accum, "context": ctx,
                 "need": need, "verdict": fit_verdict(need.bytes, ctx, usable, headroom), "notes": []}
 
@@ -412,14 +416,18 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
             "label": f"ddp × {replicas}" if replicas > 1 else "single", "why": "does not fit"}
 
 
-def ddp_need(single: Need, grads: float, accum: int) -> Need:
+def ddp_need(single: Need, grads: float, accum: int, broadcast: float = 0.0) -> Need:
     """A DDP rank holds what one process holds, plus its gradient buckets where one process has no gradients:
-    outside training (eval, save, export) and, with accumulation, in the first window after a start or a
+    outside training (eval, save, export), at setup (beside the parameters' broadcast copies, which can outlive
+    the broadcast: overheads.DDP_BROADCAST_BYTES) and, with accumulation, in the first window after a start or a
     resume (no_sync gradients beside the buckets until the first all-reduce). Measured: tests/test_distributed."""
     extra = {"eval", "save", "export"} | ({"first_step", "resume"} if accum > 1 else set())
     per_phase = {ph: b + (grads if ph in extra else 0.0) for ph, b in single.per_phase.items()}
+    if "setup" in per_phase:
+        per_phase["setup"] += grads + broadcast
     phase = max(per_phase, key=per_phase.get)
-    basis = f"{single.basis}; DDP: + gradient buckets ({fmt_bytes(grads)}) in {', '.join(sorted(extra))}"
+    basis = (f"{single.basis}; DDP: + gradient buckets ({fmt_bytes(grads)}) in {', '.join(sorted(extra | {'setup'}))}"
+             f", + the parameters' broadcast copies ({fmt_bytes(broadcast)}) at setup")
     return Need(per_phase[phase], phase, basis, single.extrapolated, per_phase)
 
 
@@ -432,15 +440,32 @@ def measured_on_cuda(fam: FamilyModels) -> bool:
     return bool(fam.lines["peak_reserved_bytes"].notna().all())
 
 
-def outside_bytes(fam: FamilyModels, gpu: Gpu) -> int:
-    """What the traced tensors leave out (planner/models/overheads.py): BLAS workspaces, already in a CUDA line's peak."""
-    return 0 if measured_on_cuda(fam) else workspace_bytes(gpu.compute_capability, gpu.software, gpu.arch)
+def outside_bytes(fam: FamilyModels, gpu: Gpu, catalog: Catalog) -> int:
+    """What the traced tensors leave out (planner/models/overheads.py): the BLAS workspaces. A line measured on a
+    CUDA GPU holds its own GPU's in its peak; a target whose workspaces are larger (sm90's 32 MiB cuBLAS workspace
+    against 8 MiB elsewhere) adds the difference."""
+    target = workspace_bytes(gpu.compute_capability, gpu.software, gpu.arch)
+    return max(0, target - measured_workspace_bytes(fam, catalog)) if measured_on_cuda(fam) else target
+
+
+def measured_workspace_bytes(fam: FamilyModels, catalog: Catalog) -> int:
+    """The workspaces already in CUDA lines' peaks: the smallest of their GPUs' (a GPU the catalog does not know:
+    CUDA's smallest default)."""
+    held = []
+    for name in sorted(set(fam.lines["device_name"].fillna(""))):
+        src = match_catalog_gpu(name, catalog)
+        held.append(workspace_bytes(src.compute_capability, src.software, src.arch) if src else
+                    workspace_bytes(None))
+    return min(held, default=0)
 
 
 def context_basis(catalog: Catalog, fam: FamilyModels, gpu: Gpu, replicas: int) -> str:
     parts = [f"CUDA context {fmt_bytes(catalog.context_bytes)} (catalog default)"]
     if not measured_on_cuda(fam):
         parts.append(describe_workspace(gpu.compute_capability, gpu.software, gpu.arch))
+    elif (more := outside_bytes(fam, gpu, catalog)) > 0:
+        parts.append(f"BLAS workspaces {more / MiB:.0f} MiB more than the measuring GPU's, already in its lines "
+                     f"({describe_workspace(gpu.compute_capability, gpu.software, gpu.arch)} on this GPU)")
     if replicas > 1:
         parts.append(f"NCCL buffers {fmt_bytes(NCCL_BYTES)} (NVIDIA/nccl#864, high end)")
     return " + ".join(parts)
@@ -450,6 +475,12 @@ def gradient_bytes(fam: FamilyModels, fragmentation: float) -> float:
     """The gradients of the trainable parameters (the setup line's counts), as the need counts bytes."""
     grads = fam.facts["grad_bytes"].max()
     return 0.0 if pd.isna(grads) else float(grads) * _reserved_factor(fam, fragmentation)
+
+
+def broadcast_bytes(fam: FamilyModels, fragmentation: float) -> float:
+    """DDP's setup broadcast of the parameters (and buffers): flattened copies of up to DDP_BROADCAST_BYTES."""
+    params = pd.to_numeric(fam.facts["param_bytes"], errors="coerce").max()
+    return 0.0 if pd.isna(params) else min(float(params), DDP_BROADCAST_BYTES) * _reserved_factor(fam, fragmentation)
 
 
 def _time(fam: FamilyModels, gpu: Gpu, precision: str, plan: dict, seq: int, catalog: Catalog, offer: Offer,

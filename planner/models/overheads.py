@@ -1,13 +1,15 @@
 """GPU memory a pilot on a CPU (or an estimate) never sees: library workspaces and communication buffers.
 
 The CUDA context is the catalog's `defaults.cuda_context_gib` (sources in REFERENCE.md: ~0.3–0.5 GiB with
-lazy module loading). What is added here, per GPU, and only to lines not measured on a CUDA GPU (a CUDA
-line's reserved peak already holds them):
+lazy module loading). What is added here, per GPU, to lines not measured on a CUDA GPU (a CUDA line's reserved
+peak already holds its own GPU's workspaces: a target with larger ones adds the difference):
 
 - cuBLAS workspace, one per (handle, stream), allocated through the caching allocator at the first matmul
-  and kept: CUBLAS_WORKSPACE_CONFIG's default ":4096:2:16:8" = 8,519,680 bytes, 32 MiB on sm90
+  and kept: CUBLAS_WORKSPACE_CONFIG's default ":4096:2:16:8" = 8,519,680 bytes, 32 MiB on sm90 and Blackwell
   (aten/src/ATen/cuda/CublasHandlePool.cpp @ 26a39059: parseChosenWorkspaceSize, setWorkspaceForHandle).
 - cuBLASLt workspace: 1 MiB by default (parseCUDABlasLtWorkspaceSize), kept per (handle, stream) the same way.
+  Newer torch can let cuBLASLt share the cuBLAS workspace (pytorch/pytorch#168175, #173002, "unified workspace"):
+  then the 1 MiB is not there, and the plan errs by 2 MiB on the side of fitting.
 - ROCm: hipBLAS 32 MiB (128 MiB on gfx94x/gfx95x, MI300X) and hipBLASLt 76 MiB, same file.
 - Two threads hold them in a training step: a handle is per thread (getCurrentCUDABlasHandle reserves it from a
   thread_local PoolWindow), and the backward's matmuls run on the autograd engine's thread for the device
@@ -15,8 +17,8 @@ line's reserved peak already holds them):
   optimizer. So a training line holds two of each; their reserved bytes come from replaying the four requests
   through the caching allocator's model (two 8.1 MiB cuBLAS requests share one 20 MiB segment; 32 MiB ones take
   32 MiB each; the 1 MiB cuBLASLt ones share a 2 MiB small-pool segment). On the public H100 rows
-  (../shared/gpu-truth) fake-tensor tracking of the same code reads 58-60 MiB under the real active peak where
-  nothing else differs (T5-large, sanketpurandare/mem-run-estimator's own estimates): two 32 MiB workspaces, not one.
+  (../shared/gpu-truth, benchmarks/gpu_truth.py) the estimate's allocated peak read exactly 64.0 MiB under the
+  real active peak on all four Llama/gemma rows before these were counted: two 32 MiB workspaces, not one.
 - NCCL buffers, for DDP and FSDP only (outside PyTorch's allocator): 1.6 GB per process after an all-reduce
   on one communicator (NVIDIA/nccl#864); 1.06 GB on 8 × H100 after init (NVIDIA/nccl#1685); they grow
   with the channels NCCL opens (maintainer, NVIDIA/nccl#986). The planner takes the high end.
@@ -30,14 +32,25 @@ import json
 MiB = 1 << 20
 CUBLAS_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
 NCCL_BYTES = int(1.6e9)
+# parseChosenWorkspaceSize's 32 MiB: Hopper, and Blackwell since pytorch/pytorch#175344 (2026-02, majors 10 and 12;
+# its revert #182669 was closed unmerged) and #189312 (2026-07, Thor's 11). A torch older than those gives Blackwell
+# 8 MiB: planning 32 MiB there errs on the side of fitting.
+HOPPER_WORKSPACE_MAJORS = ("9", "10", "11", "12")
 BLAS_THREADS = 2  # the thread that runs the forward and the optimizer, and the autograd engine's device thread
+# DDP's constructor broadcasts rank 0's parameters and buffers (torch/nn/parallel/distributed.py, _sync_module_states)
+# through c10d's broadcast_coalesced (torch/csrc/distributed/c10d/comm.cpp): each 250 MiB bucket is flattened into a
+# copy, at most 2 in flight (max_in_flight). The backend's worker thread drops a finished broadcast only after it has
+# woken the caller (ProcessGroupGloo::runLoop resets workInProgress_ after execute()), so one more copy can still be
+# alive when the reducer allocates its gradient buckets: a 2-core CI machine measured 3.0 x the parameters at setup.
+DDP_BROADCAST_BYTES = 3 * 250 * MiB
 
 
 def _workspaces(compute_capability: str | None, software: str, arch: str | None) -> tuple[int, int]:
     """(BLAS, BLASLt) workspace bytes of one (handle, stream)."""
     if software == "rocm":
         return (128 * MiB if (arch or "").lower() in ("cdna3", "cdna4") else 32 * MiB), 76 * MiB
-    return (32 * MiB if str(compute_capability) == "9.0" else CUBLAS_DEFAULT), MiB
+    major = str(compute_capability or "").split(".")[0]
+    return (32 * MiB if major in HOPPER_WORKSPACE_MAJORS else CUBLAS_DEFAULT), MiB
 
 
 def workspace_allocated_bytes(compute_capability: str | None, software: str = "cuda", arch: str | None = None,

@@ -115,6 +115,7 @@ def order_document(campaign, row: Mapping, expect: dict, lines: pd.DataFrame, he
                      "strategy": row["strategy"], "strategy_label": row["strategy_label"]},
         "plan": {"need_bytes": int(row["need_bytes"]), "need_phase": row["need_phase"], "need_basis": row["need_basis"],
                  "context_bytes": int(row["context_bytes"]), "context_basis": row["context_basis"],
+                 "workspace_bytes": int(row["workspace_bytes"]),
                  "headroom": headroom, "update_s_point": row.get("update_s_point"), "run_ids": row["run_ids"],
                  "update_s_low": row["update_s_low"], "update_s_high": row["update_s_high"],
                  "time_basis": row["time_basis"]},
@@ -165,7 +166,7 @@ def local_order(campaign, result, headroom: float) -> dict:
            "precision": fam.precision, "micro_batch": mb, "grad_accum": accum, "replicas": 1, "seq_len": seq,
            "eval_micro_batch": eval_mb, "strategy": "single", "strategy_label": "single",
            "need_bytes": need.bytes, "need_phase": need.phase, "need_basis": need.basis,
-           "context_bytes": 0, "context_basis": "none: the pilot's own process on this machine",
+           "context_bytes": 0, "context_basis": "none: the pilot's own process on this machine", "workspace_bytes": 0,
            "update_s_point": None, "run_ids": fam.evidence.run_ids, "update_s_low": t / 2, "update_s_high": t * 2,
            "time_basis": f"measured on {run['device_name']} at micro-batch {int(run['micro_batch'])} × seq "
                          f"{int(run['seq_len'])} ({float(run['update_s']):.3f} s per update), scaled by tokens to "

@@ -294,7 +294,7 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
                      "seq_len_note": sheet.attrs.get("seq_len_note", ""), "precision": campaign.precision,
                      "base": base_note(campaign.params)},
         "assumptions": [
-            f"fit: (need + {fmt_bytes(catalog.context_bytes)} CUDA context + BLAS workspaces where not measured, + "
+            f"fit: (need + {fmt_bytes(catalog.context_bytes)} CUDA context + BLAS workspaces not in the lines' peaks, + "
             f"NCCL buffers on several GPUs) × (1 + {headroom:.0%} headroom) ≤ usable memory; 'tight': that total "
             f"fits the usable memory but not with the headroom; 'does not fit': the total alone is above the usable "
             f"memory (each row's context basis names what was added)",
