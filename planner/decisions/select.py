@@ -20,8 +20,8 @@ from planner.decisions.selfcheck import estimate_check
 from planner.models.kernels import kernel_target
 from planner.models.memory_model import (SEQ_LIMIT, MemoryModel, Need, allocated_factor, build_model, max_micro_batch,
                                          max_seq_len)
-from planner.models.overheads import (CONV_ALLOWANCE, DDP_BROADCAST_BYTES, NCCL_BYTES, MiB, conv_note,
-                                      has_convolutions, workspace_bytes)
+from planner.models.overheads import (CONV_ALLOWANCE, DDP_BROADCAST_BYTES, ESTIMATE_ALLOWANCE, NCCL_BYTES, MiB,
+                                      conv_note, estimate_note, has_convolutions, workspace_bytes)
 from planner.models.overheads import describe as describe_workspace
 from planner.models.timing import Throughput, TimeRange, match_catalog_gpu, throughput, update_time
 from planner.units import fmt_bytes, fmt_seconds
@@ -121,9 +121,13 @@ class CampaignFamily:
                     if check.widens:
                         model.widen, model.widen_note = check.ratio, check.note
                 steady = ev.facts["op_profile_json"] if "op_profile_json" in ev.facts else pd.Series([], dtype=object)
-                if target not in (None, "", "cpu") and any(has_convolutions(p, target) for p in steady):
-                    model.widen *= 1 + CONV_ALLOWANCE
-                    model.widen_note = "; ".join(x for x in (model.widen_note, conv_note()) if x)
+                if target not in (None, "", "cpu"):
+                    allowances = [(ESTIMATE_ALLOWANCE, estimate_note())]
+                    if any(has_convolutions(p, target) for p in steady):
+                        allowances.append((CONV_ALLOWANCE, conv_note()))
+                    for fraction, why in allowances:
+                        model.widen *= 1 + fraction
+                        model.widen_note = "; ".join(x for x in (model.widen_note, why) if x)
             note = "; ".join(notes)
             self._cache[key] = None if model is None else FamilyModels(precision, model, throughput(ev), ev,
                                                                        note=note)
