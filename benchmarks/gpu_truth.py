@@ -17,9 +17,10 @@ attention, CUDA's autocast policy, the caching allocator simulated), through the
 
 The rows' method (sanketpurandare/mem-run-estimator, driver.py and exp_utils.py): torch.optim.Adam, peaks over 5
 iterations after reset_peak_memory_stats; fp16 autocast without a scaler ("fp16" here: rentplan's scaler adds a
-found-inf flag and a scale); pure fp16 ("16-true"); inputs random. Three figures are fitted to these rows, and said so where they are used:
-the cuDNN workspace allowance, the estimator's own 1 % allowance (planner/models/overheads.py) and the point time's compute and memory factors (--fit prints the fit and each
-row's leave-one-out error: the row predicted by the fit of the other 14).
+found-inf flag and a scale); pure fp16 ("16-true"); inputs random. Three figures are fitted to these rows, and said
+so where they are used: the cuDNN workspace allowance, the estimator's own 1 % allowance (planner/models/overheads.py)
+and the point time's compute and memory factors (--fit prints the fit and each row's
+leave-one-out error: the row predicted by the fit of the other 14).
 """
 
 from __future__ import annotations

@@ -120,8 +120,8 @@ class CampaignFamily:
                     notes.append(check.note)
                     if check.widens:
                         model.widen, model.widen_note = check.ratio, check.note
-                steady = ev.facts["op_profile_json"] if "op_profile_json" in ev.facts else pd.Series([], dtype=object)
                 if target not in (None, "", "cpu"):
+                    steady = ev.facts.get("op_profile_json", pd.Series([], dtype=object))
                     allowances = [(ESTIMATE_ALLOWANCE, estimate_note())]
                     if any(has_convolutions(p, target) for p in steady):
                         allowances.append((CONV_ALLOWANCE, conv_note()))
