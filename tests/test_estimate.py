@@ -1,6 +1,7 @@
 """Estimates under fake tensors agree with measurement; the memory model predicts; the search brackets."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -212,3 +213,22 @@ def test_device_queries_answered_without_fake_tensor_mode_change_no_figure(tmp_p
         for field in ("peak_allocated_bytes", "simulated_reserved_bytes", "baseline_allocated_bytes",
                       "flops_per_update", "ops_per_update", "op_profile_json"):
             assert fast[phase][field] == full[phase][field], (phase, field)
+
+
+FIRST_AND_SECOND = """
+import json, sys, tempfile
+from tests.test_estimate import SMALL, pilot_lines
+runs = [pilot_lines(tempfile.mkdtemp(), "estimated", params=SMALL, micro_batch=2, seq_len=64, eval_seq_len=128,
+                    target="sm80+") for _ in range(2)]
+print(json.dumps([{p: ln["peak_allocated_bytes"] for p, ln in r.items()} for r in runs]))
+"""
+
+
+def test_a_process_first_estimate_reads_what_its_second_does():
+    """An estimate depends only on its workload: the first one in a fresh process (nothing imported lazily yet)
+    gives every phase the peak the next one gives (the first export once counted what importing peft made)."""
+    r = subprocess.run([sys.executable, "-c", FIRST_AND_SECOND], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    first, second = json.loads(r.stdout.strip().splitlines()[-1])
+    assert first == second
