@@ -121,9 +121,11 @@ def time_parts(lines, cfg: ProbeConfig) -> dict:
     parts = {"compute": 0.0, "memory": 0.0, "launch": 0.0}
     for kind, dtype, flops, nbytes, count in c.profile["ops"]:
         t_mem, t_compute = nbytes / (gpu.mem_bandwidth_tbps * 1e12 * fr.memory), 0.0
-        if flops and kind in ("matmul", "attention", "conv"):
+        if flops and kind in ("matmul", "attention", "conv", "depthwise"):
             share = fr.attention_sm90 if kind == "attention" else matmul_fraction(gpu, fr)
-            t_compute = flops / (peak_tflops(gpu, dtype, c.conv_tf32 if kind == "conv" else c.tf32) * 1e12 * share)
+            peak = gpu.fp32_tflops if kind == "depthwise" else peak_tflops(
+                gpu, dtype, c.conv_tf32 if kind == "conv" else c.tf32)
+            t_compute = flops / (peak * 1e12 * share)
         t = max(t_mem, t_compute, fr.launch_s)
         parts["compute" if t == t_compute else "memory" if t == t_mem else "launch"] += count * t
     parts["launch"] += max(0.0, c.profile["launches"] - sum(r[4] for r in c.profile["ops"])) * fr.launch_s

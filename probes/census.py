@@ -19,7 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import conv_flop_count, flop_registry
 
 aten = torch.ops.aten
 _DEVICE = torch.ops.prim.device.default
@@ -42,6 +42,58 @@ FOREACH_TENSORS_PER_LAUNCH = 48  # multi_tensor_apply packs up to 36–110 tenso
 
 def _bytes(x) -> int:
     return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
+
+
+def _named(func, args, kwargs) -> dict:
+    return {**{a.name: v for a, v in zip(func._schema.arguments, args)}, **kwargs}
+
+
+def conv_work(func, args, kwargs, torch_flops: int) -> tuple[str, int]:
+    """("conv" or "depthwise", FLOPs) of a convolution op.
+
+    Depthwise is PyTorch's own test (aten/src/ATen/native/Convolution.cpp, ConvParams::is_depthwise: not
+    transposed, 4-D or 5-D, groups == input channels > 1): such convs are not implicit GEMMs on tensor cores but
+    per-channel kernels (PyTorch's DepthwiseConv2d.cu, or cuDNN's depthwise kernels for fp16 1/3/5 filters and
+    channels-last: use_cudnn_depthwise), timed by the planner on the CUDA cores.
+    The backward's FLOPs are counted here when groups > 1: torch.utils.flop_counter's conv_backward_flop leaves
+    the groups out of the weight gradient ("I skip those for the sake of brevity"), which counts a depthwise
+    conv's weight gradient C times over (352-2816 × for ConvNeXt-V2-H; fixed upstream by pytorch/pytorch#183405,
+    not in torch 2.14). Each gradient costs the forward's multiply-adds: the forward's formula, whose weight
+    shape (C_out, C_in / groups, k...) already holds the groups, once per gradient asked for."""
+    a = _named(func, args, kwargs)
+    backward = func.overloadpacket is aten.convolution_backward
+    x, w, groups = a.get("input"), a.get("weight"), int(a.get("groups", 1) or 1)
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or groups <= 1:
+        return "conv", torch_flops
+    transposed = bool(a.get("transposed", False))
+    depthwise = not transposed and x.dim() in (4, 5) and x.shape[1] == groups and w.shape[0] % x.shape[1] == 0
+    kind = "depthwise" if depthwise else "conv"
+    if not backward:
+        return kind, torch_flops
+    grad_out = a["grad_output"]
+    forward = conv_flop_count(list(x.shape), list(w.shape), list(grad_out.shape), transposed=transposed)
+    mask = a.get("output_mask") or [True, True, True]
+    return kind, int(forward * (bool(mask[0]) + bool(mask[1])))
+
+
+def attention_flops(func, args, kwargs, torch_flops: int) -> int:
+    """An attention op's FLOPs, causal masks counted.
+
+    torch's formulas count every query-key pair, "upper bounds for causal or otherwise masked attention"
+    (torch/utils/flop_counter.py's notes); the fused kernels skip the tiles a causal mask hides: FlashAttention-2's
+    causal loop stops at the diagonal (Dao, 2023, arXiv:2307.08691, section 3.1, "causal masking"), as do the
+    memory-efficient kernel's (custom_mask_type 1 or 2). For a square causal mask the work is the unmasked share
+    (S + 1) / 2S; a non-square one, or one given as a bias tensor (no tile is skipped), is counted in full."""
+    a = _named(func, args, kwargs)
+    causal = bool(a.get("is_causal", False)) or a.get("custom_mask_type", 0) in (1, 2)
+    q, k = a.get("query"), a.get("key")
+    if not causal or not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or q.dim() != 4:
+        return torch_flops
+    seq = -2 if func.overloadpacket.__name__.startswith("_scaled_dot_product") else 1  # (B, H, S, D) or (B, S, H, D)
+    s_q, s_k = q.shape[seq], k.shape[seq]
+    if s_q != s_k or s_k < 1:
+        return torch_flops
+    return int(torch_flops * (s_k + 1) / (2 * s_k))
 
 
 def kind_of(func) -> str | None:
@@ -84,6 +136,10 @@ class OpCensus(TorchDispatchMode):
         flops = 0
         if func.overloadpacket in flop_registry:
             flops = int(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
+        if kind == "conv":
+            kind, flops = conv_work(func, args, kwargs, flops)
+        elif kind == "attention" and flops:
+            flops = attention_flops(func, args, kwargs, flops)
         moved = sum(_bytes(t) for t in ins) + sum(_bytes(t) for t in outs)
         ref = next((t for t in ins + outs if t.is_floating_point()), None)
         dtype = str(ref.dtype).replace("torch.", "") if ref is not None else "other"

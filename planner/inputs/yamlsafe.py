@@ -164,7 +164,12 @@ def _too_long(text: str, source: str) -> str:
 
 
 def load_yaml_text(text: str, source: str, max_bytes: int = MAX_YAML_BYTES) -> Any:
-    if len(text.encode()) > max_bytes:
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as e:  # a lone surrogate: text no UTF-8 file can hold (a file is decoded strictly)
+        raise InputError(f"{source} holds a character that is not text (a lone surrogate at character {e.start}); "
+                         "save it as UTF-8.") from None
+    if size > max_bytes:
         raise InputError(f"{source} is larger than {max_bytes // 1024} KiB; refusing to parse it.")
     if text.lstrip()[:1] == "{":
         data = _load_json(text, source)

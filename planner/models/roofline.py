@@ -48,15 +48,15 @@ class Fractions:
 
 # The point estimate is calibrated on the public H100 rows (../shared/gpu-truth/h100.csv, 15 training runs of 7
 # models): real = k_compute × (matmul + attention + conv time) + k_memory × (memory-bound time) + launches, fitted
-# by least squares on relative error, gives k_compute 1.089 and k_memory 1.313 (benchmarks/gpu_truth.py --fit
-# prints them and the leave-one-out errors, each row predicted by the fit of the other 14: 12 of 15 within 15 %,
-# median 8.1 %; uncalibrated, 4 of 15 and 19 %). As fractions: matmuls and attention at 1 / 1.089 = 92 % of what
-# MAMF and the FlashAttention papers give, memory-bound ops at 0.85 / 1.313 = 65 % of the bandwidth (small
+# by least squares on relative error, gives k_compute 1.150 and k_memory 1.399 (benchmarks/gpu_truth.py --fit
+# prints them and the leave-one-out errors, each row predicted by the fit of the other 14: 14 of 15 within 15 %,
+# median 2.9 %; uncalibrated, 4 of 15 and 19 %). As fractions: matmuls and attention at 1 / 1.150 = 87 % of what
+# MAMF and the FlashAttention papers give, memory-bound ops at 0.85 / 1.399 = 61 % of the bandwidth (small
 # elementwise kernels, autocast casts and foreach optimizer steps reach less than a streaming copy). The fast and
 # slow ends stay the cited figures, the slow end's bandwidth widened to hold the calibrated point.
-CALIBRATED_ON = "the public H100 runs (gpu-truth, 15 rows; leave-one-out 12 of 15 within 15 %)"
+CALIBRATED_ON = "the public H100 runs (gpu-truth, 15 rows; leave-one-out 14 of 15 within 15 %)"
 FAST = Fractions("fast end", 0.87, 0.73, 0.75, 0.92, 5e-6)
-POINT = Fractions("point", None, 0.60 / 1.089, 0.50 / 1.089, 0.85 / 1.313, 7e-6, of_mamf=1 / 1.089)
+POINT = Fractions("point", None, 0.60 / 1.150, 0.50 / 1.150, 0.85 / 1.399, 7e-6, of_mamf=1 / 1.150)
 SLOW = Fractions("slow end", 0.50, 0.50, 0.35, 0.55, 10e-6)
 
 
@@ -98,7 +98,11 @@ def update_seconds(rows, extra_launches: float, gpu: Gpu, tf32: bool, fr: Fracti
     total = 0.0
     for kind, dtype, flops, nbytes, count in rows:
         t = max(nbytes / bandwidth, fr.launch_s)
-        if flops and kind in ("matmul", "attention", "conv"):
+        if flops and kind == "depthwise":  # per-channel kernels on the CUDA cores, not implicit GEMMs
+            if not gpu.fp32_tflops:
+                return float("nan")
+            t = max(t, flops / (gpu.fp32_tflops * 1e12 * mm))
+        elif flops and kind in ("matmul", "attention", "conv"):
             peak = peak_tflops(gpu, dtype, conv_tf32 if kind == "conv" else tf32)
             if not peak:
                 return float("nan")  # the catalog lacks this GPU's peak for the dtype: no time, said so
@@ -123,14 +127,16 @@ class Census:
         half = {"fp16": "float16", "16-true": "float16", "bf16": "bfloat16", "bf16-true": "bfloat16"}.get(precision)
         if half is None:
             return self
-        ops = [[k, half if d in ("float16", "bfloat16") else d, f, b, n] for k, d, f, b, n in self.profile["ops"]]
+        ops = [[k, half if d in ("float16", "bfloat16") else d, *rest] for k, d, *rest in self.profile["ops"]]
         return Census(self.target, {**self.profile, "ops": ops}, self.micro_batch, self.seq_len, self.grad_accum)
 
     def missing_peak(self, gpu: Gpu) -> str | None:
         """The dtype whose peak the catalog lacks for this GPU (the census then gives no time), or None."""
-        for kind, dtype, flops, _, _ in self.profile["ops"]:
+        for kind, dtype, flops, *_ in self.profile["ops"]:
             if flops and kind in ("matmul", "attention", "conv") and not peak_tflops(gpu, dtype, self.tf32):
                 return dtype
+            if flops and kind == "depthwise" and not gpu.fp32_tflops:
+                return "float32"
         return None
 
     @property

@@ -1,0 +1,81 @@
+"""The census's FLOPs where torch's formulas count work the kernels do not do (probes/census.py): a grouped
+convolution's weight gradient (torch.utils.flop_counter leaves the groups out) and causal attention (the fused
+kernels skip the masked tiles). Each is checked against the multiply-adds counted by hand."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from planner.inputs.catalog import load_catalog
+from planner.models.roofline import FAST, update_seconds
+from probes.census import OpCensus
+from probes.fake import EstimateFakeMode
+from probes.kernels import target_kernels
+
+
+def conv_rows(groups, c_in=16, c_out=16, k=7):
+    x = torch.randn(2, c_in, 12, 12, requires_grad=True)
+    w = torch.randn(c_out, c_in // groups, k, k, requires_grad=True)
+    counter = OpCensus()
+    with counter:
+        F.conv2d(x, w, padding=k // 2, groups=groups).square().mean().backward()
+    return [r for r in counter.profile()["ops"] if r[0] in ("conv", "depthwise")]
+
+
+@pytest.mark.parametrize("groups,c_out,kind", [(1, 16, "conv"), (4, 16, "conv"), (16, 16, "depthwise"),
+                                               (16, 32, "depthwise")])
+def test_a_convolutions_backward_counts_each_gradient_at_the_forwards_multiply_adds(groups, c_out, kind):
+    forward = 2 * 2 * c_out * (16 // groups) * 12 * 12 * 7 * 7  # 2 × batch × C_out × C_in/g × H × W × k²
+    rows = conv_rows(groups, c_out=c_out)
+    assert {r[0] for r in rows} == {kind}
+    assert sorted(r[2] for r in rows) == [forward, 2 * forward]  # forward; input and weight gradients
+
+
+def test_torch_alone_counts_a_depthwise_weight_gradient_channels_times_over():
+    """What the census corrects: if torch's formula is ever fixed upstream (pytorch/pytorch#183405) this test
+    fails, and the census's own count (which does not depend on it) can be dropped."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.randn(2, 16, 12, 12, requires_grad=True)
+    w = torch.randn(16, 1, 7, 7, requires_grad=True)
+    with FlopCounterMode(display=False) as fc:
+        F.conv2d(x, w, padding=3, groups=16).square().mean().backward()
+    forward = 2 * 2 * 16 * 12 * 12 * 49
+    assert fc.get_total_flops() == forward + forward + 16 * forward
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_causal_attention_counts_the_unmasked_share_of_the_scores(dtype):
+    s = 128
+    out = {}
+    for causal in (False, True):
+        with EstimateFakeMode(), target_kernels("sm80+"):
+            q = torch.randn(2, 4, s, 64, dtype=dtype, requires_grad=True)
+            counter = OpCensus()
+            with counter:
+                F.scaled_dot_product_attention(q, q, q, is_causal=causal).sum().backward()
+        out[causal] = sorted(r[2] for r in counter.profile()["ops"] if r[0] == "attention")
+    assert len(out[True]) == 2  # forward and backward, both fused kernels
+    assert out[True] == [f * (s + 1) // (2 * s) for f in out[False]]
+
+
+def test_an_explicit_mask_is_counted_in_full():
+    with EstimateFakeMode(), target_kernels("sm80+"):
+        q = torch.randn(2, 4, 64, 32, dtype=torch.float16, requires_grad=True)
+        mask = torch.ones(64, 64, dtype=torch.bool).tril()
+        counter = OpCensus()
+        with counter:
+            F.scaled_dot_product_attention(q, q, q, attn_mask=mask).sum().backward()
+        full = OpCensus()
+        with full:
+            F.scaled_dot_product_attention(q, q, q).sum().backward()
+    masked = sorted(r[2] for r in counter.profile()["ops"] if r[0] == "attention")
+    assert masked and masked == sorted(r[2] for r in full.profile()["ops"] if r[0] == "attention")
+
+
+def test_a_depthwise_conv_is_timed_on_the_cuda_cores_not_the_tensor_cores():
+    h100 = load_catalog().gpu("h100_sxm")
+    t = update_seconds([("depthwise", "float16", 1e12, 0, 1)], 0, h100, tf32=False, fr=FAST)
+    assert t == pytest.approx(1e12 / (h100.fp32_tflops * 1e12 * FAST.matmul))
+    conv = update_seconds([("conv", "float16", 1e12, 0, 1)], 0, h100, tf32=False, fr=FAST)
+    assert conv < t / 10  # an fp16 conv as an implicit GEMM runs on the tensor cores
