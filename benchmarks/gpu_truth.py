@@ -111,7 +111,7 @@ def time_parts(lines, cfg: ProbeConfig) -> dict:
     """The uncalibrated point time of the steady update, split into compute-bound (matmul, attention, conv),
     memory-bound and launch-bound seconds: what --fit scales."""
     from planner.inputs.catalog import load_catalog
-    from planner.models.roofline import Fractions, census_for, matmul_fraction, peak_tflops
+    from planner.models.roofline import Fractions, census_for, op_seconds
 
     gpu = load_catalog().gpu("h100_sxm")
     fr = Fractions("uncalibrated point", None, 0.60, 0.50, 0.85, 7e-6)
@@ -119,15 +119,9 @@ def time_parts(lines, cfg: ProbeConfig) -> dict:
     c = census_for(st["op_profile_json"], "sm80+", int(st["micro_batch"]), int(st["seq_len"]),
                    int(st["grad_accum"])).for_precision(cfg.precision)
     parts = {"compute": 0.0, "memory": 0.0, "launch": 0.0}
-    for kind, dtype, flops, nbytes, count in c.profile["ops"]:
-        t_mem, t_compute = nbytes / (gpu.mem_bandwidth_tbps * 1e12 * fr.memory), 0.0
-        if flops and kind in ("matmul", "attention", "conv", "depthwise"):
-            share = fr.attention_sm90 if kind == "attention" else matmul_fraction(gpu, fr)
-            peak = gpu.fp32_tflops if kind == "depthwise" else peak_tflops(
-                gpu, dtype, c.conv_tf32 if kind == "conv" else c.tf32)
-            t_compute = flops / (peak * 1e12 * share)
-        t = max(t_mem, t_compute, fr.launch_s)
-        parts["compute" if t == t_compute else "memory" if t == t_mem else "launch"] += count * t
+    for row in c.profile["ops"]:
+        t, bound = op_seconds(row, gpu, c.tf32, fr, c.conv_tf32)
+        parts[bound] += row[4] * t
     parts["launch"] += max(0.0, c.profile["launches"] - sum(r[4] for r in c.profile["ops"])) * fr.launch_s
     return parts
 

@@ -5,7 +5,8 @@ measurement: an instrument that rides along can change what it sits beside (Flop
 recomputed tensors of checkpointed blocks alive). The census mode itself holds no tensor, only numbers.
 
 One update's ops are folded into a profile: identical (kind, dtype, FLOPs, bytes) ops are counted, not
-listed, so a 32-layer model gives a few hundred rows. The planner's time model reads the profile.
+listed, so a 32-layer model gives a few hundred rows; a matmul's row also holds its output grid (matmul_grid),
+which decides how many tiles and waves it runs in. The planner's time model reads the profile.
 """
 
 from __future__ import annotations
@@ -96,6 +97,19 @@ def attention_flops(func, args, kwargs, torch_flops: int) -> int:
     return int(torch_flops * (s_k + 1) / (2 * s_k))
 
 
+def matmul_grid(func, args) -> list | None:
+    """[batch, M, N, axis] of a matmul's output, for the planner's tile and wave count; axis says which one grows
+    with the tokens of a micro-batch: "m" (rows of a row-major first operand: activations in, gradients of inputs),
+    "b" (a bmm's batch) or "-" (neither: a weight gradient, whose first operand is a transposed activation)."""
+    a, b = (args[1], args[2]) if func.overloadpacket in (aten.addmm, aten.baddbmm) else (args[0], args[1])
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dim() != b.dim() or a.dim() not in (2, 3):
+        return None
+    if a.dim() == 3:
+        return [int(a.shape[0]), int(a.shape[1]), int(b.shape[2]), "b"]
+    row_major = a.shape[1] <= 1 or a.stride(1) == 1
+    return [1, int(a.shape[0]), int(b.shape[1]), "m" if row_major else "-"]
+
+
 def kind_of(func) -> str | None:
     if func.namespace in ("prim", "profiler"):
         return None
@@ -143,12 +157,14 @@ class OpCensus(TorchDispatchMode):
         moved = sum(_bytes(t) for t in ins) + sum(_bytes(t) for t in outs)
         ref = next((t for t in ins + outs if t.is_floating_point()), None)
         dtype = str(ref.dtype).replace("torch.", "") if ref is not None else "other"
-        self.rows[(kind, dtype, flops, moved)] += 1
+        grid = tuple(matmul_grid(func, args) or ()) if kind == "matmul" else ()
+        self.rows[(kind, dtype, flops, moved, grid)] += 1
         self.launches += -(-len(ins) // FOREACH_TENSORS_PER_LAUNCH) if kind == "foreach" else 1
         return out
 
     def profile(self) -> dict:
-        rows = sorted(([k, d, f, b, n] for (k, d, f, b), n in self.rows.items()), key=lambda r: (r[0], r[1], -r[2]))
+        rows = sorted(([k, d, f, b, n] + ([list(g)] if g else []) for (k, d, f, b, g), n in self.rows.items()),
+                      key=lambda r: (r[0], r[1], -r[2], -r[3]))
         return {"ops": rows, "launches": self.launches,
                 "flops": sum(r[2] * r[4] for r in rows), "bytes": sum(r[3] * r[4] for r in rows)}
 

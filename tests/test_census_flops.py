@@ -79,3 +79,19 @@ def test_a_depthwise_conv_is_timed_on_the_cuda_cores_not_the_tensor_cores():
     assert t == pytest.approx(1e12 / (h100.fp32_tflops * 1e12 * FAST.matmul))
     conv = update_seconds([("conv", "float16", 1e12, 0, 1)], 0, h100, tf32=False, fr=FAST)
     assert conv < t / 10  # an fp16 conv as an implicit GEMM runs on the tensor cores
+
+
+def test_a_linear_layers_matmuls_record_their_output_grid_and_token_axis():
+    """Forward and input gradient grow with the tokens (axis "m"); the weight gradient (out × in) does not."""
+    x = torch.randn(6, 5, 24, requires_grad=True)  # 30 tokens
+    lin = torch.nn.Linear(24, 40)
+    counter = OpCensus()
+    with counter:
+        lin(x).square().mean().backward()
+    grids = sorted(r[5] for r in counter.profile()["ops"] if r[0] == "matmul")
+    assert grids == sorted([[1, 30, 40, "m"], [1, 30, 24, "m"], [1, 40, 24, "-"]])
+    a, b = torch.randn(3, 7, 8), torch.randn(3, 8, 9)
+    counter = OpCensus()
+    with counter:
+        torch.bmm(a, b)
+    assert [r[5] for r in counter.profile()["ops"] if r[0] == "matmul"] == [[3, 7, 9, "b"]]

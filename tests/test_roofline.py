@@ -149,3 +149,34 @@ def test_pure_half_precision_is_described_on_the_tensor_cores_it_runs_on():
         text = census.describe(gpu, precision)
         assert "tensor-core peak" in text and "non-tensor" not in text, (precision, text)
     assert "non-tensor fp32 (TF32 off)" in census.describe(gpu, "fp32")
+
+
+def test_tile_and_wave_quantization_by_hand():
+    """NVIDIA's Matrix Multiplication Background guide: 128 × 128 output tiles, one per SM per wave."""
+    from planner.models.roofline import wave_efficiency
+
+    sms = H100.sm_count
+    assert sms == 132
+    assert wave_efficiency([1, 128 * sms, 128, "m"], sms) == 1.0  # exactly one full wave
+    assert math.isclose(wave_efficiency([1, 128 * (sms + 1), 128, "m"], sms), (sms + 1) / (2 * sms))  # a 2nd wave
+    assert math.isclose(wave_efficiency([1, 100, 128, "m"], sms), 100 / 128)  # under one wave: split-K, tiles only
+    assert math.isclose(wave_efficiency([2, 192, 256, "b"], sms), 2 * 192 * 256 / (2 * 2 * 2 * 128 * 128))
+    assert wave_efficiency([1, 129, 129, "m"], None) == 1.0  # no sm_count in the catalog: no quantization
+
+
+def test_a_gemm_one_tile_past_a_wave_takes_two_waves():
+    m = 128 * H100.sm_count
+    one = [("matmul", "bfloat16", 2 * m * 128 * 8192, 0, 1, [1, m, 128, "m"])]
+    past = [("matmul", "bfloat16", 2 * (m + 128) * 128 * 8192, 0, 1, [1, m + 128, 128, "m"])]
+    t1, t2 = (update_seconds(r, 0, H100, False, POINT) for r in (one, past))
+    assert math.isclose(t2 / t1, 2.0)  # 133 tiles run as 2 waves of 132 slots
+    plain = update_seconds([r[:5] for r in past], 0, H100, False, POINT)  # a census from before grids were kept
+    assert math.isclose(t2 / plain, 2 * H100.sm_count / (H100.sm_count + 1))
+
+
+def test_a_matmuls_grid_grows_along_its_token_axis_only():
+    c = census([("matmul", "bfloat16", 10**12, 10**6, 1, [1, 1024, 4096, "m"]),
+                ("matmul", "bfloat16", 10**12, 10**6, 1, [1, 4096, 4096, "-"]),
+                ("matmul", "bfloat16", 10**9, 10**6, 1, [16, 512, 512, "b"])], mb=2, seq=512, accum=1)
+    rows, _ = c.rows_for(micro_batch=4, seq_len=1024, grad_accum=1)
+    assert [r[5] for r in rows] == [[1, 4096, 4096, "m"], [1, 4096, 4096, "-"], [32, 1024, 512, "b"]]

@@ -46,6 +46,7 @@ class Gpu:
     interconnect: str | None = None
     nvlink_gbps: float | None = None
     mamf_bf16_tflops: float | None = None
+    sm_count: int | None = None  # streaming multiprocessors: a GEMM's tiles run in waves of one per SM
     min_cuda: str | None = None
     software: str = "cuda"
     sources: tuple[str, ...] = ()

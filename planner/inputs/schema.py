@@ -83,6 +83,7 @@ class GpuEntry(Entry):
     fp32_tflops: _tflops() | None = None
     fp8_dense_tflops: _tflops() | None = None
     mamf_bf16_tflops: _tflops() | None = None
+    sm_count: Whole(positive=True, maximum=1024) | None = None  # streaming multiprocessors: GEMM waves
     nvlink_gbps: Number(positive=True, minimum=1, maximum=1e5) | None = None
     tdp_w: Number(positive=True, minimum=1, maximum=1e5) | None = None
     interconnect: Label | None = None

@@ -93,7 +93,7 @@ def has_convolutions(op_profile_json: str | None, target: str | None) -> bool:
     except (TypeError, ValueError):
         return False
     profile = profiles.get(target) if target else None
-    return isinstance(profile, dict) and any(r[0] == "conv" for r in profile.get("ops", []))
+    return isinstance(profile, dict) and any(r[0] in ("conv", "depthwise") for r in profile.get("ops", []))
 
 
 def conv_note() -> str:

@@ -20,6 +20,12 @@ Fractions and their sources:
 - attention (flash / memory-efficient): FlashAttention-2 reaches 50–73 % of peak on A100 (Dao, 2023,
   arXiv:2307.08691 abstract); on H100 FlashAttention-2 reaches 35 % and FlashAttention-3 75 % (Shah et al.,
   2024, arXiv:2407.08608): the sm90+ range spans both, since PyTorch may run either FA2 or cuDNN attention.
+- depthwise convolutions (groups == input channels, PyTorch's ConvParams::is_depthwise) run as per-channel
+  kernels on the CUDA cores: the fp32 peak × the matmul fraction, whatever the dtype.
+- tile and wave quantization: a matmul's output grid (the census records it) runs as 128 × 128 tiles in waves
+  of one per SM (NVIDIA's Matrix Multiplication Background User's Guide); its FLOP time is divided by the share
+  of launched tile work that is its own (wave_efficiency).
+- causal attention: the census counts the unmasked share of the scores (probes/census.attention_flops).
 - memory-bound ops and the launch cost: no published figure was found for these; the range used (55–92 %
   of the bandwidth, 5–10 µs a launch) is an assumption that benchmarks/gpu_check.sh measures on the first
   lent GPU (achieved copy bandwidth and the eager per-op time are printed there).
@@ -48,15 +54,16 @@ class Fractions:
 
 # The point estimate is calibrated on the public H100 rows (../shared/gpu-truth/h100.csv, 15 training runs of 7
 # models): real = k_compute × (matmul + attention + conv time) + k_memory × (memory-bound time) + launches, fitted
-# by least squares on relative error, gives k_compute 1.150 and k_memory 1.399 (benchmarks/gpu_truth.py --fit
-# prints them and the leave-one-out errors, each row predicted by the fit of the other 14: 14 of 15 within 15 %,
-# median 2.9 %; uncalibrated, 4 of 15 and 19 %). As fractions: matmuls and attention at 1 / 1.150 = 87 % of what
-# MAMF and the FlashAttention papers give, memory-bound ops at 0.85 / 1.399 = 61 % of the bandwidth (small
-# elementwise kernels, autocast casts and foreach optimizer steps reach less than a streaming copy). The fast and
-# slow ends stay the cited figures, the slow end's bandwidth widened to hold the calibrated point.
-CALIBRATED_ON = "the public H100 runs (gpu-truth, 15 rows; leave-one-out 14 of 15 within 15 %)"
+# by least squares on relative error, gives k_compute 1.082 and k_memory 1.395 (benchmarks/gpu_truth.py --fit
+# prints them and the leave-one-out errors, each row predicted by the fit of the other 14: 15 of 15 within 15 %,
+# median 1.2 %; uncalibrated, 4 of 15 and 19 %). As fractions: matmuls and attention at 1 / 1.082 = 92 % of what
+# MAMF and the FlashAttention papers give (after tile and wave quantization), memory-bound ops at 0.85 / 1.395 =
+# 61 % of the bandwidth (small elementwise kernels, autocast casts and foreach optimizer steps reach less than a
+# streaming copy). The fast and slow ends stay the cited figures, the slow end's bandwidth widened to hold the
+# calibrated point.
+CALIBRATED_ON = "the public H100 runs (gpu-truth, 15 rows; leave-one-out 15 of 15 within 15 %)"
 FAST = Fractions("fast end", 0.87, 0.73, 0.75, 0.92, 5e-6)
-POINT = Fractions("point", None, 0.60 / 1.150, 0.50 / 1.150, 0.85 / 1.399, 7e-6, of_mamf=1 / 1.150)
+POINT = Fractions("point", None, 0.60 / 1.082, 0.50 / 1.082, 0.85 / 1.395, 7e-6, of_mamf=1 / 1.082)
 SLOW = Fractions("slow end", 0.50, 0.50, 0.35, 0.55, 10e-6)
 
 
@@ -80,34 +87,78 @@ def matmul_fraction(gpu: Gpu, fr: Fractions) -> float:
 
 def scale_rows(profile: dict, token_ratio: float, seq_ratio: float, accum_ratio: float) -> list:
     """The census of one update at another shape: per-micro-batch ops scale with tokens per micro-batch (attention
-    FLOPs also with seq_len) and their count with the accumulation; optimizer (foreach) ops stay as they are."""
+    FLOPs also with seq_len) and their count with the accumulation; optimizer (foreach) ops stay as they are.
+    A matmul's grid grows along its token axis: M ("m"), or a bmm's batch with the micro-batch and M with seq_len."""
     rows = []
-    for kind, dtype, flops, nbytes, count in profile["ops"]:
+    for kind, dtype, flops, nbytes, count, *grid in profile["ops"]:
         if kind == "foreach":
             rows.append((kind, dtype, flops, nbytes, count))
             continue
         f = flops * token_ratio * (seq_ratio if kind == "attention" else 1.0)
-        rows.append((kind, dtype, f, nbytes * token_ratio, count * accum_ratio))
+        rows.append((kind, dtype, f, nbytes * token_ratio, count * accum_ratio,
+                     *[scale_grid(g, token_ratio, seq_ratio) for g in grid]))
     return rows
 
 
+def scale_grid(grid, token_ratio: float, seq_ratio: float):
+    if not isinstance(grid, (list, tuple)) or len(grid) != 4:
+        return None
+    b, m, n, axis = grid
+    if axis == "m":
+        return [b, max(1, round(m * token_ratio)), n, axis]
+    if axis == "b":
+        return [max(1, round(b * token_ratio / seq_ratio)), max(1, round(m * seq_ratio)), n, axis]
+    return list(grid)
+
+
+# Tile and wave quantization (NVIDIA, "Matrix Multiplication Background User's Guide", DU-09799-001, sections
+# "Tile Quantization" and "Wave Quantization"): a GEMM runs as output tiles, each on one SM, in waves of one tile
+# per SM; a partial tile or a partial last wave costs what a full one does. 128 × 128 is the guide's and cuBLAS's
+# common tile for large half-precision GEMMs. A grid of fewer tiles than SMs is taken as split along K
+# (cuBLAS's split-K / stream-K kernels fill the GPU there), so only its tile quantization counts. A GPU whose
+# catalog entry has no sm_count gets no quantization (said in the time basis).
+TILE_M, TILE_N = 128, 128
+
+
+def wave_efficiency(grid, sm_count: int | None) -> float:
+    """The share of the launched tiles' work that is the GEMM's own: 1 when it fills whole tiles and waves."""
+    if not sm_count or not isinstance(grid, (list, tuple)) or len(grid) != 4:
+        return 1.0
+    b, m, n = (int(x) for x in grid[:3])
+    if min(b, m, n) < 1:
+        return 1.0
+    tiles = b * -(-m // TILE_M) * -(-n // TILE_N)
+    slots = tiles if tiles < sm_count else -(-tiles // sm_count) * sm_count
+    return b * m * n / (slots * TILE_M * TILE_N)
+
+
+def op_seconds(row, gpu: Gpu, tf32: bool, fr: Fractions, conv_tf32: bool = True) -> tuple[float, str]:
+    """One op's seconds (one launch of it) and what bounds it: "compute", "memory" or "launch"; nan when the
+    catalog lacks the GPU's peak for the op's dtype."""
+    kind, dtype, flops, nbytes, _count, *grid = row
+    t_mem = nbytes / (gpu.mem_bandwidth_tbps * 1e12 * fr.memory)
+    t_compute = 0.0
+    if flops and kind == "depthwise":  # per-channel kernels on the CUDA cores, not implicit GEMMs
+        if not gpu.fp32_tflops:
+            return float("nan"), "compute"
+        t_compute = flops / (gpu.fp32_tflops * 1e12 * matmul_fraction(gpu, fr))
+    elif flops and kind in ("matmul", "attention", "conv"):
+        peak = peak_tflops(gpu, dtype, conv_tf32 if kind == "conv" else tf32)
+        if not peak:
+            return float("nan"), "compute"  # the catalog lacks this GPU's peak for the dtype: no time, said so
+        share = (fr.attention_sm90 if (gpu.sm() or 0) >= 9 else fr.attention_sm80) if kind == "attention" \
+            else matmul_fraction(gpu, fr)
+        t_compute = flops / (peak * 1e12 * share)
+        if kind == "matmul" and grid:
+            t_compute /= wave_efficiency(grid[0], gpu.sm_count)
+    t = max(t_mem, t_compute, fr.launch_s)
+    return t, "compute" if t == t_compute else "memory" if t == t_mem else "launch"
+
+
 def update_seconds(rows, extra_launches: float, gpu: Gpu, tf32: bool, fr: Fractions, conv_tf32: bool = True) -> float:
-    bandwidth = gpu.mem_bandwidth_tbps * 1e12 * fr.memory
-    attention = fr.attention_sm90 if (gpu.sm() or 0) >= 9 else fr.attention_sm80
-    mm = matmul_fraction(gpu, fr)
     total = 0.0
-    for kind, dtype, flops, nbytes, count in rows:
-        t = max(nbytes / bandwidth, fr.launch_s)
-        if flops and kind == "depthwise":  # per-channel kernels on the CUDA cores, not implicit GEMMs
-            if not gpu.fp32_tflops:
-                return float("nan")
-            t = max(t, flops / (gpu.fp32_tflops * 1e12 * mm))
-        elif flops and kind in ("matmul", "attention", "conv"):
-            peak = peak_tflops(gpu, dtype, conv_tf32 if kind == "conv" else tf32)
-            if not peak:
-                return float("nan")  # the catalog lacks this GPU's peak for the dtype: no time, said so
-            t = max(t, flops / (peak * 1e12 * (attention if kind == "attention" else mm)))
-        total += count * t
+    for row in rows:
+        total += row[4] * op_seconds(row, gpu, tf32, fr, conv_tf32)[0]
     return total + extra_launches * fr.launch_s
 
 
@@ -168,6 +219,12 @@ class Census:
         unit = "TF32 tensor-core" if self.conv_tf32 and gpu.tf32_dense_tflops else "fp32"
         return f", convolutions at the same fractions of the {unit} peak {peak:g} TFLOPS (cudnn.allow_tf32)"
 
+    def _depthwise_note(self, gpu: Gpu) -> str:
+        if not any(r[0] == "depthwise" for r in self.profile["ops"]):
+            return ""
+        return (f", depthwise convolutions at the same fractions of the fp32 CUDA-core peak "
+                f"{'(not in the catalog)' if not gpu.fp32_tflops else f'{gpu.fp32_tflops:g} TFLOPS'}")
+
     def describe(self, gpu: Gpu, dtype: str) -> str:
         dtype = {"16-true": "fp16", "bf16-true": "bf16"}.get(dtype, dtype)  # pure half runs the same tensor cores
         n = sum(r[4] for r in self.profile["ops"])
@@ -175,8 +232,10 @@ class Census:
         unit = "tensor-core" if dtype in ("bf16", "fp16") or self.tf32 else "non-tensor fp32 (TF32 off)"
         return (f"per-op roofline over {n} ops of one update ({self.target} kernels): matmuls at "
                 f"{SLOW.matmul:.0%}–{FAST.matmul:.0%} of {gpu.id}'s {unit} peak "
-                f"{'(not in the catalog)' if peak is None else f'{peak:g} TFLOPS'} (MAMF)"
-                f"{self._conv_note(gpu, dtype)}, attention "
+                f"{'(not in the catalog)' if peak is None else f'{peak:g} TFLOPS'} (MAMF), "
+                + (f"in 128×128 tiles and waves over its {gpu.sm_count} SMs (NVIDIA's GEMM guide)" if gpu.sm_count
+                   else "no tile or wave count (the catalog has no sm_count for it)")
+                + f"{self._conv_note(gpu, dtype)}{self._depthwise_note(gpu)}, attention "
                 f"{SLOW.attention_sm80:.0%}–{FAST.attention_sm80:.0%} (sm80) / {SLOW.attention_sm90:.0%}–"
                 f"{FAST.attention_sm90:.0%} (sm90+) (FlashAttention-2/3 papers), memory-bound ops at "
                 f"{SLOW.memory:.0%}–{FAST.memory:.0%} of {gpu.mem_bandwidth_tbps:g} TB/s and 5–10 µs a launch "
