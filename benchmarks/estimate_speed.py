@@ -5,8 +5,9 @@ MemTracker sizing one update of the same model under fake tensors, measured in t
     python benchmarks/estimate_speed.py --grid [--layers 32] [--out figures.json]
 
 --grid: the grid people wait for (#26): `rentplan estimate --micro-batch 1,2,4,8 --seq-len 1024,2048 --target sm80+`
-(8 configurations, all 7 phases, the command as a user runs it) against 8 MemTracker runs of one update each at
-the same shapes, one after the other in one run; it prints the ratio (target: at most 0.15).
+(8 configurations, all 7 phases, the command as a user runs it: estimates side by side, one per core; then again
+with --jobs 1) against 8 MemTracker runs of one update each at the same shapes, one after the other in one run;
+it prints the ratios (target: at most 0.15).
 
 Both run in fresh processes on this machine: ours through run_grid (the path `rentplan estimate` takes,
 forkserver start and warm-up included) and again in one warm process (every phase, and the process's peak
@@ -99,21 +100,27 @@ GRID = {"micro_batch": (1, 2, 4, 8), "seq_len": (1024, 2048)}
 
 
 def grid(shape: dict) -> dict:
-    """The user's command against 8 MemTracker runs, each in a fresh process, timed here."""
+    """The user's command (estimates side by side, one per core, and again with --jobs 1) against 8 MemTracker
+    runs, each in a fresh process, timed here."""
+    import os
     import time
 
     params = [a for k, v in shape.items() for a in ("-p", f"{k}={v}")]
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "planner.cli", "estimate", "-w", "builtin:gpt", *params,
-               "--micro-batch", ",".join(map(str, GRID["micro_batch"])),
-               "--seq-len", ",".join(map(str, GRID["seq_len"])), "--precision", "bf16", "--target", "sm80+",
-               "--ledger", str(Path(tmp) / "l.db")]
-        t0 = time.perf_counter()
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=tmp,
-                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
-        ours = time.perf_counter() - t0
-        if out.returncode:
-            raise SystemExit(out.stderr[-3000:])
+
+    def ours(jobs: list[str]) -> float:
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "planner.cli", "estimate", "-w", "builtin:gpt", *params,
+                   "--micro-batch", ",".join(map(str, GRID["micro_batch"])),
+                   "--seq-len", ",".join(map(str, GRID["seq_len"])), "--precision", "bf16", "--target", "sm80+",
+                   "--ledger", str(Path(tmp) / "l.db"), *jobs]
+            t0 = time.perf_counter()
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=tmp,
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
+            if out.returncode:
+                raise SystemExit(out.stderr[-3000:])
+            return time.perf_counter() - t0
+
+    side_by_side, one_at_a_time = ours([]), ours(["--jobs", "1"])
     theirs = []
     for mb in GRID["micro_batch"]:
         for seq in GRID["seq_len"]:
@@ -123,9 +130,13 @@ def grid(shape: dict) -> dict:
                            "update_s": round(r["update_s"], 2)})
     total = sum(t["process_s"] for t in theirs)
     tracked = sum(t["update_s"] for t in theirs)
-    return {"shape": shape, "grid": GRID, "rentplan_estimate_s": round(ours, 2), "memtracker_runs": theirs,
+    from probes.runner import estimate_jobs
+
+    return {"shape": shape, "grid": GRID, "jobs": estimate_jobs(8), "rentplan_estimate_s": round(side_by_side, 2),
+            "rentplan_estimate_jobs1_s": round(one_at_a_time, 2), "memtracker_runs": theirs,
             "memtracker_total_s": round(total, 2), "memtracker_updates_s": round(tracked, 2),
-            "ratio": round(ours / total, 3), "ratio_to_tracked_updates": round(ours / tracked, 3),
+            "ratio": round(side_by_side / total, 3), "ratio_jobs1": round(one_at_a_time / total, 3),
+            "ratio_to_tracked_updates": round(side_by_side / tracked, 3),
             "target_ratio": 0.15, "torch": __import__("torch").__version__}
 
 
@@ -140,9 +151,11 @@ def main() -> None:
     if args.grid:
         figures = grid(shape)
         print(json.dumps(figures, indent=2))
-        print(f"rentplan estimate, 8 configurations × 7 phases: {figures['rentplan_estimate_s']:.1f} s; "
+        print(f"rentplan estimate, 8 configurations × 7 phases: {figures['rentplan_estimate_s']:.1f} s with "
+              f"{figures['jobs']} side by side, {figures['rentplan_estimate_jobs1_s']:.1f} s one at a time; "
               f"8 MemTracker runs of one update: {figures['memtracker_total_s']:.1f} s as processes (ratio "
-              f"{figures['ratio']:.3f}), {figures['memtracker_updates_s']:.1f} s in its tracked updates alone "
+              f"{figures['ratio']:.3f}, one at a time {figures['ratio_jobs1']:.3f}), "
+              f"{figures['memtracker_updates_s']:.1f} s in its tracked updates alone "
               f"(ratio {figures['ratio_to_tracked_updates']:.3f}); target ≤ 0.15")
         if args.out:
             Path(args.out).write_text(json.dumps(figures, indent=2))

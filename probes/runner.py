@@ -10,6 +10,7 @@ Rerunning skips finished configurations; failed ones rerun only with retry_faile
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import dataclasses
 import json
@@ -19,6 +20,7 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -32,6 +34,7 @@ from planner.records import PHASES, Line, ProbeConfig, Verdict
 
 DEFAULT_TIMEOUT_S = 900.0
 _CTX = None
+_START_LOCK = threading.Lock()
 
 
 def _context():
@@ -179,11 +182,12 @@ class WorkerOutcome:
 
 
 def _run_worker(phases, cfg: ProbeConfig, workdir: str, run_id: str, probe_id: str, timeout_s: float,
-                on_line: Callable[[Line], None], on_phase: Callable[[str], None]) -> WorkerOutcome:
+                on_line: Callable[[Line], None], on_phase: Callable[[str], None],
+                stop: threading.Event | None = None) -> WorkerOutcome:
     ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_worker_main, args=(phases, dataclasses.asdict(cfg), workdir, run_id, probe_id, child))
-    with _main_module_hidden():
+    with _START_LOCK, _main_module_hidden():  # __main__ is shared: one start at a time
         proc.start()
     child.close()
     out = WorkerOutcome()
@@ -191,6 +195,8 @@ def _run_worker(phases, cfg: ProbeConfig, workdir: str, run_id: str, probe_id: s
     done = False
     try:
         while not done:
+            if stop is not None and stop.is_set():  # the grid was interrupted (in the main thread)
+                raise KeyboardInterrupt
             left = deadline - time.monotonic()
             if left <= 0:
                 out.verdict, out.detail = Verdict.TIMEOUT, f"no progress within the {timeout_s:.0f} s timeout"
@@ -299,11 +305,25 @@ class GridResult:
         return lines_frame(self.lines)
 
 
+def estimate_jobs(count: int) -> int:
+    """How many estimates run side by side: one per core this process may use (an estimate is one busy Python
+    thread on fake tensors), no more than there are configurations, and no more than RENTPLAN_JOBS when set."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limit = os.environ.get("RENTPLAN_JOBS", "").strip()
+    if limit.isdigit() and int(limit) > 0:
+        cores = min(cores, int(limit))
+    return max(1, min(cores, count))
+
+
 def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
              retry_failed: bool = False, workdir: str | None = None,
-             progress: Callable[[str], None] | None = None) -> GridResult:
+             progress: Callable[[str], None] | None = None, jobs: int | None = None) -> GridResult:
     """Run every configuration not already finished. Lines go to the ledger as they come; the result holds the
-    lines that stand for each configuration (this run's, or the earlier run's it was skipped for)."""
+    lines that stand for each configuration (this run's, or the earlier run's it was skipped for).
+
+    Estimates (mode=estimated) run `jobs` at a time (default: estimate_jobs), each worker with its own ledger
+    handle; a measured configuration always runs alone, after the estimates before it have ended, so that no
+    other work shares the machine while it is timed."""
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     probe_id = new_id("p")
     result = GridResult()
@@ -324,25 +344,16 @@ def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: 
                     progress(f"skip {cfg.label()}: {why}")
                 else:
                     todo.append(cfg)
-            for i, cfg in enumerate(todo, 1):
-                run_id = new_id("r")
-                tag = f"[{i}/{len(todo)}] {cfg.label()}"
-                holder = ledger.claim(cfg.key(), run_id)
-                if holder is not None:  # another probe is running it now: its lines will be in this ledger
-                    progress(f"skip {tag}: claimed by run {holder['run_id']} (pid {holder['pid']} on "
-                             f"{holder['host']}), running now")
-                    continue
-                try:
-                    state = ledger.run_status().get(cfg.key(), {}).get("state")
-                    if state == "done" or (state == "failed" and not retry_failed):  # finished meanwhile
-                        result.lines += ledger.standing_lines(cfg.key())
-                        progress(f"skip {tag}: finished by another probe meanwhile")
-                        continue
-                    with holding(ledger.path, cfg.key(), run_id):
-                        ok = _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress,
-                                         result.lines.append)
-                finally:
-                    ledger.release(cfg.key(), run_id)
+            tagged = [(cfg, f"[{i}/{len(todo)}] {cfg.label()}") for i, cfg in enumerate(todo, 1)]
+            run = dict(ledger_path=ledger_path, workdir=workdir, probe_id=probe_id, timeout_s=timeout_s,
+                       retry_failed=retry_failed, progress=progress, keep=result.lines.append)
+            for estimated, group in itertools.groupby(tagged, key=lambda ct: ct[0].mode == "estimated"):
+                group = list(group)
+                n = (jobs if jobs is not None else estimate_jobs(len(group))) if estimated else 1
+                if n > 1 and len(group) > 1:
+                    ok = _run_side_by_side(group, min(n, len(group)), run)
+                else:
+                    ok = all(_claim_and_run(ledger, cfg, tag, **run) for cfg, tag in group)
                 if not ok:
                     result.interrupted = True
                     break
@@ -353,6 +364,58 @@ def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: 
     order = {cfg.key(): i for i, cfg in reversed(list(enumerate(configs)))}
     result.lines.sort(key=lambda ln: order.get(ln.config_key, len(order)))  # the configurations' order (stable)
     return result
+
+
+def _claim_and_run(ledger: Ledger, cfg: ProbeConfig, tag: str, *, ledger_path, workdir, probe_id, timeout_s,
+                   retry_failed, progress, keep, stop=None) -> bool:
+    """One configuration: claimed in the ledger, run unless another probe holds it or finished it meanwhile,
+    released. False when interrupted."""
+    run_id = new_id("r")
+    holder = ledger.claim(cfg.key(), run_id)
+    if holder is not None:  # another probe is running it now: its lines will be in this ledger
+        progress(f"skip {tag}: claimed by run {holder['run_id']} (pid {holder['pid']} on "
+                 f"{holder['host']}), running now")
+        return True
+    try:
+        state = ledger.run_status().get(cfg.key(), {}).get("state")
+        if state == "done" or (state == "failed" and not retry_failed):  # finished meanwhile
+            for line in ledger.standing_lines(cfg.key()):
+                keep(line)
+            progress(f"skip {tag}: finished by another probe meanwhile")
+            return True
+        with holding(ledger.path, cfg.key(), run_id):
+            return _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress, keep, stop)
+    finally:
+        ledger.release(cfg.key(), run_id)
+
+
+def _run_side_by_side(group, jobs: int, run: dict) -> bool:
+    """Estimates `jobs` at a time, each thread with its own ledger handle (SQLite handles are per thread; WAL
+    lets them commit one line at a time side by side). Ctrl-C or SIGTERM reach the main thread: it tells every
+    thread to stop, each ends its worker as a lone run would (its phase in flight gets an `interrupted` line, so
+    it reruns next time), and configurations not yet started are left for the next run. False when interrupted."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+    stop = threading.Event()
+
+    def one(cfg, tag) -> bool:
+        if stop.is_set():
+            return False
+        with Ledger(run["ledger_path"]) as own:
+            return _claim_and_run(own, cfg, tag, **run, stop=stop)
+
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="rentplan-estimate")
+    futures = [pool.submit(one, cfg, tag) for cfg, tag in group]
+    try:
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+        except KeyboardInterrupt:
+            pass
+        stop.set()  # interrupted, or one thread raised: the others end their workers; else all are done
+        wait(futures)
+        return all(f.result() for f in futures)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 _STALE = re.compile(r"(?:rentplan-pilot-(\d+)-.*|.*\.tmp-(\d+))")
@@ -494,7 +557,7 @@ def _committer(ledger: Ledger, keep: Callable[[Line], None]) -> Callable[[list[L
     return commit
 
 
-def _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress, keep) -> bool:
+def _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress, keep, stop=None) -> bool:
     """Run one configuration (training worker, then a fresh resume worker). False when interrupted."""
     commit = _committer(ledger, keep)
     if cfg.world_size > 1 and cfg.mode == "measured":
@@ -506,7 +569,7 @@ def _run_config(cfg, ledger, workdir, run_id, probe_id, timeout_s, tag, progress
     for phases in (p for p in (train, resume) if p):
         out = _run_worker(phases, cfg, workdir, run_id, probe_id, timeout_s,
                           on_line=lambda ln: commit([ln]),
-                          on_phase=lambda ph: progress(f"{tag} · {ph}"))
+                          on_phase=lambda ph: progress(f"{tag} · {ph}"), stop=stop)
         env = out.env or env
         extra = _missing_lines(cfg, phases, out, run_id, probe_id, env)
         commit(extra)

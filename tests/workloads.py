@@ -393,3 +393,24 @@ def hidden_scratch(scratch_mib: int = 8, **kw):
 
     w.compute_loss = compute_loss
     return w
+
+
+def meet(folder: str = "", others: int = 1, wait_s: float = 60.0, **kw):
+    """Says whether its process met `others` others at work: building the model, it leaves started-PID in
+    `folder` and waits (at most wait_s) until others have left theirs, then leaves met-PID. Estimates that run
+    side by side all meet; run one at a time, the first waits out wait_s and meets nobody."""
+    w = _Wrapped(**kw)
+    build = w.build_model
+
+    def build_model():
+        open(os.path.join(folder, f"started-{os.getpid()}"), "w").close()
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if sum(n.startswith("started-") for n in os.listdir(folder)) > others:
+                open(os.path.join(folder, f"met-{os.getpid()}"), "w").close()
+                break
+            time.sleep(0.05)
+        return build()
+
+    w.build_model = build_model
+    return w

@@ -22,7 +22,7 @@ from planner.commands.common import (format_option, friendly_errors, grid_option
 # ---------------------------------------------------------------- probe
 
 
-def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: bool):
+def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: bool, jobs: int | None = None):
     """Check the workload here (clear errors before any worker starts), then run the grid."""
     checked_timeout(timeout_s)
     from probes.runner import run_grid, start_workers
@@ -45,7 +45,8 @@ def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: 
             progress(f"data: {note}")
     configs = build_grid(spec)
     progress(f"probe: {len(configs)} configuration(s) × {len(PHASES)} phases on {spec.device}; ledger {ledger_path}")
-    return run_grid(configs, ledger_path, timeout_s=timeout_s, retry_failed=retry_failed, progress=progress)
+    return run_grid(configs, ledger_path, timeout_s=timeout_s, retry_failed=retry_failed, progress=progress,
+                    jobs=jobs)
 
 
 @click.command()
@@ -141,9 +142,11 @@ def probe_script(path, argv, ledger_path, timeout_s, fmt, opts) -> None:
 @click.option("--target", "target", default="all", show_default=True,
               help="kernels to estimate with: GPU ids or sm80+ / sm50-75 (CUDA), cpu (this build), all (the catalog's)")
 @click.option("--timeout", "timeout_s", default=900.0, show_default=True)
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="estimates run side by side, each in its own worker [default: one per usable core]")
 @format_option
 @friendly_errors
-def estimate(ledger_path, target, timeout_s, fmt, **opts):
+def estimate(ledger_path, target, timeout_s, jobs, fmt, **opts):
     """Size configurations too big for this machine: the same phases under fake tensors (no memory touched),
     with the kernels each target GPU runs (flash / memory-efficient attention, fused dropout, CUDA's autocast
     policy) and a model of CUDA's caching allocator for the reserved peak. Lines are mode=estimated.
@@ -155,7 +158,7 @@ def estimate(ledger_path, target, timeout_s, fmt, **opts):
     spec = spec_from_options(opts)
     spec.mode = "estimated"
     spec.targets = resolve_targets(target, opts.get("catalog_path"))
-    result = run_probe(spec, ledger_path, timeout_s, False)
+    result = run_probe(spec, ledger_path, timeout_s, False, jobs)
     df = read_lines(ledger_path)
     df = df[df["config_key"].isin({c.key() for c in build_grid(spec)})]
     click.echo(render(lines_view(df, fmt), fmt))
