@@ -180,3 +180,15 @@ def test_a_matmuls_grid_grows_along_its_token_axis_only():
                 ("matmul", "bfloat16", 10**9, 10**6, 1, [16, 512, 512, "b"])], mb=2, seq=512, accum=1)
     rows, _ = c.rows_for(micro_batch=4, seq_len=1024, grad_accum=1)
     assert [r[5] for r in rows] == [[1, 4096, 4096, "m"], [1, 4096, 4096, "-"], [32, 1024, 512, "b"]]
+
+
+def test_an_fp32_conv_net_is_timed_on_a_gpu_the_catalog_gives_only_a_tf32_figure():
+    import dataclasses
+
+    nvl = dataclasses.replace(H100, fp32_tflops=None)  # a catalog entry (--catalog) with a TF32 figure only
+    conv = census([["conv", "float32", 1e12, 1e6, 1]])
+    assert conv.missing_peak(nvl) is None  # cuDNN runs it on TF32 (allow_tf32 on by default), which has a figure
+    assert 0 < conv.seconds(nvl, 1, 1, 1, POINT) < math.inf
+    off = Census("sm80+", {**conv.profile, "cudnn_allow_tf32": False}, 1, 1, 1)
+    assert off.missing_peak(nvl) == "float32"
+    assert census([["matmul", "float32", 1e12, 1e6, 1]]).missing_peak(nvl) == "float32"  # matmuls: TF32 off

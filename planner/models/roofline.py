@@ -184,7 +184,8 @@ class Census:
     def missing_peak(self, gpu: Gpu) -> str | None:
         """The dtype whose peak the catalog lacks for this GPU (the census then gives no time), or None."""
         for kind, dtype, flops, *_ in self.profile["ops"]:
-            if flops and kind in ("matmul", "attention", "conv") and not peak_tflops(gpu, dtype, self.tf32):
+            tf32 = self.conv_tf32 if kind == "conv" else self.tf32  # the peak op_seconds will time it at
+            if flops and kind in ("matmul", "attention", "conv") and not peak_tflops(gpu, dtype, tf32):
                 return dtype
             if flops and kind == "depthwise" and not gpu.fp32_tflops:
                 return "float32"
