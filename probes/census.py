@@ -110,6 +110,39 @@ def matmul_grid(func, args) -> list | None:
     return [1, int(a.shape[0]), int(b.shape[1]), "m" if row_major else "-"]
 
 
+RNN_LAYER, RNN_LAYER_BACKWARD = aten.mkldnn_rnn_layer.default, aten.mkldnn_rnn_layer_backward.default
+
+
+def rnn_matmuls(func, args, kwargs, dtype: str) -> list[tuple]:
+    """The gate GEMMs of one recurrent layer in one direction (nn.LSTM on the CPU is one oneDNN op per layer, for
+    which torch has no FLOP formula), as cuDNN's RNN runs them: the input projection as one GEMM over every step,
+    the recurrent projection one step at a time (each step needs the last one's state); in backward the input
+    gradient and both weight gradients as GEMMs over every step, the state's gradient step by step. Rows of
+    (kind, dtype, flops, bytes, count, grid); a step's grid has axis "r": its M is the micro-batch and its
+    count the steps, so the planner scales the two apart (planner/models/roofline.scale_rows)."""
+    a = _named(func, args, kwargs)
+    x, w_ih, w_hh, hx = a["input"], a["weight0" if func is RNN_LAYER else "weight1"], \
+        a["weight1" if func is RNN_LAYER else "weight2"], a["hx_"]
+    batch = int(hx.shape[0]) if hx.dim() == 2 else int(x.shape[1])
+    steps = int(x.shape[0] if int(x.shape[1]) == batch else x.shape[1])
+    gates, width, hidden = int(w_ih.shape[0]), int(w_ih.shape[1]), int(w_hh.shape[1])  # (G·H, I), (G·H, H)
+    size = torch.empty((), dtype=x.dtype, device="meta").element_size()
+    rows_, tokens = [], steps * batch
+
+    def gemm(m, n, k, count, axis):
+        return ("matmul", dtype, 2 * m * n * k, (m * k + k * n + m * n) * size, count, (1, m, n, axis))
+
+    if func is RNN_LAYER:
+        rows_.append(gemm(tokens, gates, width, 1, "m"))  # x · W_ih for every step at once
+        rows_.append(gemm(batch, gates, hidden, steps, "r"))  # h_{t-1} · W_hh, step by step
+    else:
+        rows_.append(gemm(batch, hidden, gates, steps, "r"))  # dh_{t-1} = dgates_t · W_hh, step by step
+        rows_.append(gemm(tokens, width, gates, 1, "m"))  # dx = dgates · W_ih
+        rows_.append(gemm(gates, width, tokens, 1, "-"))  # dW_ih = dgatesᵀ · x
+        rows_.append(gemm(gates, hidden, tokens, 1, "-"))  # dW_hh = dgatesᵀ · h
+    return rows_
+
+
 def kind_of(func) -> str | None:
     if func.namespace in ("prim", "profiler"):
         return None
@@ -158,6 +191,10 @@ class OpCensus(TorchDispatchMode):
         ref = next((t for t in ins + outs if t.is_floating_point()), None)
         dtype = str(ref.dtype).replace("torch.", "") if ref is not None else "other"
         grid = tuple(matmul_grid(func, args) or ()) if kind == "matmul" else ()
+        if func is RNN_LAYER or func is RNN_LAYER_BACKWARD:  # its GEMMs, besides the op's own traffic below
+            for k, d, f, b, n, g in rnn_matmuls(func, args, kwargs, dtype):
+                self.rows[(k, d, f, b, g)] += n
+                self.launches += n
         self.rows[(kind, dtype, flops, moved, grid)] += 1
         self.launches += -(-len(ins) // FOREACH_TENSORS_PER_LAUNCH) if kind == "foreach" else 1
         return out

@@ -95,3 +95,53 @@ def test_a_linear_layers_matmuls_record_their_output_grid_and_token_axis():
     with counter:
         torch.bmm(a, b)
     assert [r[5] for r in counter.profile()["ops"] if r[0] == "matmul"] == [[3, 7, 9, "b"]]
+
+
+def rnn_profile(cell, batch=4, steps=24, i=48, h=32, layers=2, bidirectional=False, dtype=torch.float32):
+    rnn = getattr(torch.nn, cell)(i, h, num_layers=layers, batch_first=True, bidirectional=bidirectional).to(dtype)
+    x = torch.randn(batch, steps, i, dtype=dtype, requires_grad=True)
+    counter = OpCensus()
+    with counter:
+        rnn(x)[0].float().square().mean().backward()
+    return counter.profile()
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_an_lstms_update_counts_its_gate_matmuls_step_by_step(bidirectional):
+    """nn.LSTM on the CPU is one oneDNN op per layer (mkldnn_rnn_layer and its backward), with no FLOP formula in
+    torch: the census counts what cuDNN runs, the input projection as one GEMM over every step, the recurrent
+    one step by step (the steps depend on each other); backward twice the forward (input and weight gradients)."""
+    b, t, i, h, layers, d, gates = 4, 24, 48, 32, 2, 2 if bidirectional else 1, 4
+    profile = rnn_profile("LSTM", b, t, i, h, layers, bidirectional)
+    per_direction = [2 * t * b * gates * h * (i if layer == 0 else d * h) + 2 * t * b * gates * h * h
+                     for layer in range(layers)]
+    forward = d * sum(per_direction)
+    rnn_flops = sum(r[2] * r[4] for r in profile["ops"] if r[0] == "matmul")
+    assert rnn_flops == pytest.approx(3 * forward, rel=1e-9), "forward + input gradients + weight gradients"
+    steps = [r for r in profile["ops"] if r[0] == "matmul" and len(r) > 5 and r[5][3] == "r"]
+    assert sum(r[4] for r in steps) == 2 * t * layers * d  # one recurrent GEMM per step, forward and backward
+    assert {r[5][1] for r in steps} == {b}
+    assert profile["launches"] >= sum(r[4] for r in profile["ops"])
+
+
+def test_a_recurrent_census_scales_steps_with_seq_len_and_rows_with_the_micro_batch():
+    from planner.models.roofline import scale_rows
+
+    profile = rnn_profile("LSTM")
+    flops = sum(r[2] * r[4] for r in profile["ops"])
+    for tokens, seq in ((2.0, 1.0), (2.0, 2.0), (4.0, 2.0)):  # micro-batch ×2; seq_len ×2; both
+        rows = scale_rows(profile, tokens, seq, 1.0)
+        assert sum(r[2] * r[4] for r in rows) == pytest.approx(flops * tokens)
+        step = [r for r in rows if len(r) > 5 and r[5][3] == "r"]
+        assert sum(r[4] for r in step) == pytest.approx(2 * 24 * 2 * seq)
+        assert {r[5][1] for r in step} == {round(4 * tokens / seq)}
+
+
+def test_an_lstm_update_on_an_h100_takes_at_least_its_flops_at_the_peak():
+    from planner.models.roofline import Census
+
+    gpu = load_catalog().gpu("h100_sxm")
+    profile = rnn_profile("LSTM", batch=8, steps=256, i=512, h=512)
+    census = Census("sm80+", profile, 8, 256, 1)
+    seconds = census.seconds(gpu, 8, 256, 1, FAST)
+    assert seconds > profile["flops"] / (gpu.fp32_tflops * 1e12)

@@ -88,14 +88,17 @@ def matmul_fraction(gpu: Gpu, fr: Fractions) -> float:
 def scale_rows(profile: dict, token_ratio: float, seq_ratio: float, accum_ratio: float) -> list:
     """The census of one update at another shape: per-micro-batch ops scale with tokens per micro-batch (attention
     FLOPs also with seq_len) and their count with the accumulation; optimizer (foreach) ops stay as they are.
-    A matmul's grid grows along its token axis: M ("m"), or a bmm's batch with the micro-batch and M with seq_len."""
+    A matmul's grid grows along its token axis: M ("m"), or a bmm's batch with the micro-batch and M with seq_len;
+    a recurrent step's ("r") M grows with the micro-batch and its count with seq_len."""
     rows = []
     for kind, dtype, flops, nbytes, count, *grid in profile["ops"]:
         if kind == "foreach":
             rows.append((kind, dtype, flops, nbytes, count))
             continue
-        f = flops * token_ratio * (seq_ratio if kind == "attention" else 1.0)
-        rows.append((kind, dtype, f, nbytes * token_ratio, count * accum_ratio,
+        step = bool(grid) and isinstance(grid[0], (list, tuple)) and len(grid[0]) == 4 and grid[0][3] == "r"
+        per_op = token_ratio / seq_ratio if step else token_ratio  # a recurrent step: the steps are the count
+        f = flops * per_op * (seq_ratio if kind == "attention" else 1.0)
+        rows.append((kind, dtype, f, nbytes * per_op, count * accum_ratio * (seq_ratio if step else 1.0),
                      *[scale_grid(g, token_ratio, seq_ratio) for g in grid]))
     return rows
 
@@ -108,6 +111,8 @@ def scale_grid(grid, token_ratio: float, seq_ratio: float):
         return [b, max(1, round(m * token_ratio)), n, axis]
     if axis == "b":
         return [max(1, round(b * token_ratio / seq_ratio)), max(1, round(m * seq_ratio)), n, axis]
+    if axis == "r":  # one step of a recurrent layer: M is the micro-batch (its count is the steps)
+        return [b, max(1, round(m * token_ratio / seq_ratio)), n, axis]
     return list(grid)
 
 
