@@ -309,10 +309,21 @@ def estimate_jobs(count: int) -> int:
     """How many estimates run side by side: one per core this process may use (an estimate is one busy Python
     thread on fake tensors), no more than there are configurations, and no more than RENTPLAN_JOBS when set."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    limit = os.environ.get("RENTPLAN_JOBS", "").strip()
-    if limit.isdigit() and int(limit) > 0:
-        cores = min(cores, int(limit))
-    return max(1, min(cores, count))
+    limit = jobs_limit()
+    return max(1, min(cores, limit or cores, count))
+
+
+def jobs_limit() -> int | None:
+    """RENTPLAN_JOBS as a number of estimates side by side (None when unset or empty); anything else is refused."""
+    raw = os.environ.get("RENTPLAN_JOBS", "").strip()
+    if not raw:
+        return None
+    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+        from planner.errors import InputError
+
+        raise InputError(f"RENTPLAN_JOBS={raw[:40]!r}: a whole number of estimates to run side by side, 1 or more. "
+                         "Set it so (e.g. RENTPLAN_JOBS=2), or unset it for one per usable core.")
+    return int(raw)
 
 
 def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,

@@ -76,8 +76,18 @@ def test_jobs_default_to_usable_cores_and_an_environment_limit(monkeypatch):
     assert estimate_jobs(100) == cores and estimate_jobs(1) == 1
     monkeypatch.setenv("RENTPLAN_JOBS", "1")
     assert estimate_jobs(100) == 1
-    monkeypatch.setenv("RENTPLAN_JOBS", "junk")
+    monkeypatch.setenv("RENTPLAN_JOBS", " ")
     assert estimate_jobs(100) == cores
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "-3", "1.5", "²"])
+def test_a_bad_jobs_setting_is_an_error_before_any_file_is_made(tmp_path, value):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RENTPLAN_JOBS": value}
+    out = subprocess.run([sys.executable, "-m", "planner", "estimate", "--ledger", str(tmp_path / "l.db"),
+                          "-p", "layers=1", "-p", "d_model=32", "-p", "heads=2", "-p", "vocab=64", "--seq-len", "16"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Error: RENTPLAN_JOBS=" in out.stderr and "Traceback" not in out.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow

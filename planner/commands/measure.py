@@ -154,6 +154,9 @@ def estimate(ledger_path, target, timeout_s, jobs, fmt, **opts):
 
     Example: rentplan estimate -p layers=24 -p d_model=2048 --seq-len 2048 --precision bf16 --target a100_80gb"""
     checked_timeout(timeout_s)
+    from probes.runner import jobs_limit
+
+    jobs_limit()  # a bad RENTPLAN_JOBS is refused before the ledger is made
     opts["device"] = "cpu"
     spec = spec_from_options(opts)
     spec.mode = "estimated"
