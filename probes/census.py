@@ -126,21 +126,18 @@ def rnn_matmuls(func, args, kwargs, dtype: str) -> list[tuple]:
     batch = int(hx.shape[0]) if hx.dim() == 2 else int(x.shape[1])
     steps = int(x.shape[0] if int(x.shape[1]) == batch else x.shape[1])
     gates, width, hidden = int(w_ih.shape[0]), int(w_ih.shape[1]), int(w_hh.shape[1])  # (G·H, I), (G·H, H)
-    size = torch.empty((), dtype=x.dtype, device="meta").element_size()
-    rows_, tokens = [], steps * batch
+    size, tokens = x.element_size(), steps * batch
 
     def gemm(m, n, k, count, axis):
         return ("matmul", dtype, 2 * m * n * k, (m * k + k * n + m * n) * size, count, (1, m, n, axis))
 
     if func is RNN_LAYER:
-        rows_.append(gemm(tokens, gates, width, 1, "m"))  # x · W_ih for every step at once
-        rows_.append(gemm(batch, gates, hidden, steps, "r"))  # h_{t-1} · W_hh, step by step
-    else:
-        rows_.append(gemm(batch, hidden, gates, steps, "r"))  # dh_{t-1} = dgates_t · W_hh, step by step
-        rows_.append(gemm(tokens, width, gates, 1, "m"))  # dx = dgates · W_ih
-        rows_.append(gemm(gates, width, tokens, 1, "-"))  # dW_ih = dgatesᵀ · x
-        rows_.append(gemm(gates, hidden, tokens, 1, "-"))  # dW_hh = dgatesᵀ · h
-    return rows_
+        return [gemm(tokens, gates, width, 1, "m"),  # x · W_ih for every step at once
+                gemm(batch, gates, hidden, steps, "r")]  # h_{t-1} · W_hh, step by step
+    return [gemm(batch, hidden, gates, steps, "r"),  # dh_{t-1} = dgates_t · W_hh, step by step
+            gemm(tokens, width, gates, 1, "m"),  # dx = dgates · W_ih
+            gemm(gates, width, tokens, 1, "-"),  # dW_ih = dgatesᵀ · x
+            gemm(gates, hidden, tokens, 1, "-")]  # dW_hh = dgatesᵀ · h
 
 
 def kind_of(func) -> str | None:

@@ -17,6 +17,28 @@ WORKLOADS = str(Path(__file__).resolve().parent / "workloads.py")
 TINY = {"layers": 1, "d_model": 32, "heads": 2, "vocab": 64}
 
 
+def start_hung_pilot(command: str, ledger: str, lines: int, *extra: str):
+    """`planner COMMAND` of tests/workloads.py's die_in (a tiny gpt that hangs in eval) as a process, returned once
+    the ledger holds `lines` lines and the workers are stuck in eval (a Ctrl-C test's starting point)."""
+    import subprocess
+    import time
+
+    from planner.ledger import read_lines
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "planner", command, "--ledger", ledger, "-w", f"{WORKLOADS}:die_in",
+            "-p", "how=hang", "-p", "layers=1", "-p", "d_model=32", "-p", "heads=2", "-p", "vocab=64",
+            "--seq-len", "16", *extra]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if os.path.exists(ledger) and len(read_lines(ledger)) >= lines:
+            break
+        time.sleep(0.2)
+    time.sleep(0.5)
+    return proc
+
+
 def has_cuda() -> bool:
     try:
         import torch

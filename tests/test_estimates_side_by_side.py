@@ -12,7 +12,7 @@ import pytest
 
 from planner.ledger import read_lines
 from planner.records import PHASES, ProbeConfig
-from tests.conftest import ROOT, TINY, WORKLOADS
+from tests.conftest import ROOT, TINY, WORKLOADS, start_hung_pilot
 
 pytest.importorskip("torch")
 from probes.runner import estimate_jobs, run_grid  # noqa: E402
@@ -93,17 +93,7 @@ def test_a_bad_jobs_setting_is_an_error_before_any_file_is_made(tmp_path, value)
 @pytest.mark.slow
 def test_ctrl_c_stops_every_estimate_at_work_and_leaves_them_to_rerun(tmp_path):
     ledger = str(tmp_path / "l.db")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, "-m", "planner", "estimate", "--ledger", ledger, "-w", f"{WORKLOADS}:die_in",
-            "-p", "how=hang", "-p", "layers=1", "-p", "d_model=32", "-p", "heads=2", "-p", "vocab=64",
-            "--seq-len", "16", "--micro-batch", "1,2,3", "--target", "sm80+", "--jobs", "2"]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:  # both estimates at work are stuck in eval (3 lines each)
-        if os.path.exists(ledger) and len(read_lines(ledger)) >= 6:
-            break
-        time.sleep(0.2)
-    time.sleep(0.5)
+    proc = start_hung_pilot("estimate", ledger, 6, "--micro-batch", "1,2,3", "--target", "sm80+", "--jobs", "2")
     workers = _descendants(proc.pid)
     assert len(workers) >= 3  # the forkserver and the two estimates at work
     proc.send_signal(signal.SIGINT)

@@ -1,17 +1,14 @@
 """Worker isolation: every failure becomes a verdict on a line, nothing written is lost, reruns resume."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from planner.ledger import read_lines
 from planner.records import PHASES, ProbeConfig
-from tests.conftest import ROOT, TINY, WORKLOADS
+from tests.conftest import TINY, WORKLOADS, start_hung_pilot
 
 pytest.importorskip("torch")
 from probes.runner import run_grid  # noqa: E402
@@ -99,17 +96,7 @@ def test_cap_below_need_gives_oom_lines_through_workers(ledger_path):
 @pytest.mark.slow
 def test_ctrl_c_leaves_ledger_consistent_and_rerun_completes(tmp_path):
     ledger = str(tmp_path / "l.db")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, "-m", "planner", "probe", "--ledger", ledger, "-w", f"{WORKLOADS}:die_in",
-            "-p", "how=hang", "-p", "layers=1", "-p", "d_model=32", "-p", "heads=2", "-p", "vocab=64",
-            "--seq-len", "16", "--device", "cpu"]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait until the worker is stuck in eval
-        if os.path.exists(ledger) and len(read_lines(ledger)) >= 3:
-            break
-        time.sleep(0.2)
-    time.sleep(0.5)
+    proc = start_hung_pilot("probe", ledger, 3, "--device", "cpu")  # stuck in eval
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
