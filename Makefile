@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-slow test-all browser sky bench bench-truth gpu-check clean
+.PHONY: install demo test test-slow test-all test-cuda-build browser sky bench bench-truth gpu-check wheelhouse clean
 
 $(BIN)/rentplan: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -24,10 +24,26 @@ demo: install
 # The everyday suite (under 3 minutes on 2 cores); the slow tests (real pilots, torchrun, 8B estimates) run in
 # CI after it (.ci/run), or here with make test-slow / make test-all.
 test: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not cudabuild"
 
 test-slow: install
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m "slow or cudabuild"
+
+# The torch a GPU user gets from a plain `pip install torch` (PyTorch's default Linux wheel, a CUDA build; it runs
+# on this CPU too), for the tests of every path that builds the user's model in another process (marked cudabuild):
+# the CPU build hides CUDA's fork rule. The GPU machine's release: make test-cuda-build TORCH_CUDA=torch==2.11.0
+# CUDA_VENV=.venv-cuda-2.11
+CUDA_VENV ?= .venv-cuda
+TORCH_CUDA ?= torch
+test-cuda-build: $(CUDA_VENV)/installed
+	RENTPLAN_CUDA_BUILD=1 $(CUDA_VENV)/bin/python -m pytest -q -m cudabuild
+$(CUDA_VENV)/installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/pip install -q --upgrade pip
+	$(CUDA_VENV)/bin/pip install -q "$(TORCH_CUDA)"
+	$(CUDA_VENV)/bin/pip install -q -e ".[probe,report,hf,quant,callbacks,test]"
+	$(CUDA_VENV)/bin/python -c "import sys, torch; sys.exit(0 if torch.backends.cuda.is_built() else 'not a CUDA build: ' + torch.__version__)"
+	touch $@
 
 test-all: install
 	$(BIN)/python -m pytest -q
@@ -61,8 +77,18 @@ $(BENCH)/installed: pyproject.toml Makefile  # the pins below are in this file
 	$(BENCH)/bin/pip install -q -e ".[probe,hf]"
 	touch $@
 
-gpu-check: install
+# On the GPU machine as it is (its python3 and torch; nothing installed): bash benchmarks/gpu_check.sh. Its Python
+# lacks pydantic: `make wheelhouse` here puts rentplan's pure-Python dependencies, built for that Python (3.12,
+# manylinux x86_64), in .wheelhouse/ (git-ignored, about 3 MB), which travels with the checkout.
+gpu-check:
 	bash benchmarks/gpu_check.sh
+GPU_PYTHON_VERSION ?= 3.12
+wheelhouse: .wheelhouse/ready
+.wheelhouse/ready: pyproject.toml Makefile
+	rm -rf .wheelhouse && mkdir -p .wheelhouse
+	$(PYTHON) -m pip download -q --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) --implementation cp \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .wheelhouse "pydantic>=2.5"
+	touch $@
 
 clean:
-	rm -rf $(VENV) .venv-sky $(BENCH) rentplan-out rentplan.db rentplan.db-* *.egg-info build
+	rm -rf $(VENV) .venv-sky $(CUDA_VENV) $(BENCH) rentplan-out rentplan.db rentplan.db-* *.egg-info build

@@ -44,6 +44,9 @@ def main() -> None:
     from planner.inputs.catalog import load_catalog
     from planner.models.timing import match_catalog_gpu
 
+    if not torch.cuda.is_available():
+        print(f"no CUDA device (torch {torch.__version__}): nothing to calibrate")
+        return
     gpu = match_catalog_gpu(torch.cuda.get_device_name(0), load_catalog())
     dev = "cuda"
     n = 256 * 2**20  # 1 GiB of fp32

@@ -13,7 +13,8 @@ inside the range, point within 15 %). With --device cpu (no GPU) it runs the sam
 kernels: it checks the plumbing, not the GPU rules.
 
 It also records the real allocator's history for two configurations (torch.cuda.memory._record_memory_history
-from the process start) and replays it through planner/models/allocator.py: real against simulated reserved.
+from the process start, allocation events without stacks) and replays it through planner/models/allocator.py:
+real against simulated reserved.
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ TRACE = """
 import json, sys
 sys.path.insert(0, {root!r})
 import torch
-torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+# Allocation events only: context=None records no stacks (C++ stacks' symbolization can take minutes)
+torch.cuda.memory._record_memory_history(context=None, stacks="python", max_entries=2_000_000)
 from planner.records import ProbeConfig
 from planner.models.allocator import replay_cuda_trace
 from probes.pilot import Pilot
@@ -189,6 +191,12 @@ def main() -> None:
     from probes.runner import run_grid
 
     grid = QUICK if args.quick else GRID
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"no CUDA device (torch {torch.__version__}): nothing to measure; --device cpu checks the plumbing")
+            return
     catalog, gpu, target, name = device_facts(args.device)
     print(f"device: {name}; catalog GPU {gpu.id if gpu else None}; estimates for kernel target {target}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:

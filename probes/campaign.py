@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -133,6 +134,23 @@ def control_outputs(trainer: Trainer) -> dict:
     return result
 
 
+def clock(dev: torch.device) -> float:
+    """perf_counter once the device's queued work is done: GPU work is asynchronous, so without the synchronize an
+    update's kernels would be timed into the next update (or an eval) instead of its own."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter()
+
+
+def release(device: str) -> None:
+    """Between runs: what the last run left (its model, optimizer and cached blocks, an OOM's or an error's
+    included) is freed, so the next run starts from an empty allocator rather than the last one's leftovers."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
 def device_start_up(device: str) -> float:
     """Seconds to make the device ready (context, first kernels, allocator): paid once per `campaign run`,
     reported on its own and billed to no variant."""
@@ -220,15 +238,15 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
         torch.manual_seed(seed)
         diverged_at = None
         try:
-            t_setup = time.perf_counter()
+            t_setup = clock(dev)
             trainer = Trainer(load_workload(cfg.workload, json.loads(cfg.params_json)), cfg, dev)
             for note in data_notes(trainer.workload, cfg):
                 event("data", 0, note)
                 progress(f"{variant.id} seed {seed}: data: {note}")
-            metric("setup", 0, time.perf_counter() - t_setup)
+            metric("setup", 0, clock(dev) - t_setup)
             first_loss = None
             for _ in range(updates):
-                t0 = time.perf_counter()
+                t0 = clock(dev)
                 try:
                     res = trainer.train_update()
                 except NonFinite as e:
@@ -238,7 +256,7 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
                 u = trainer.update
                 if world > 1:  # the update's loss over every process's share: one decision everywhere
                     res = dataclasses.replace(res, loss=summed([res.loss], dev)[0] / world)
-                metric("train", u, time.perf_counter() - t0, res.loss, trainer.lr())
+                metric("train", u, clock(dev) - t0, res.loss, trainer.lr())
                 first_loss = res.loss if first_loss is None else first_loss
                 why = judge_loss(res.loss, first_loss, campaign.diverge_above)
                 if why and diverged_at is None:
@@ -254,24 +272,24 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
                     progress(f"{variant.id} seed {seed}: stopped at update {u} (loss above {limit})")
                     return run_id, "diverged" if diverged_at else "stopped"
                 if u % campaign.eval.every_updates == 0 or u == updates:
-                    t1 = time.perf_counter()
+                    t1 = clock(dev)
                     loss, acc, kept = evaluate(trainer, campaign)
-                    metric("val", u, time.perf_counter() - t1, loss, trainer.lr(), acc)
+                    metric("val", u, clock(dev) - t1, loss, trainer.lr(), acc)
                     for k in kept:
                         led.add("campaign_predictions", {"run_id": run_id, "update_no": u, **k})
                     progress(f"{variant.id} seed {seed}: update {u}/{updates} val loss {loss:.4f}")
                 if u % campaign.save_every == 0 and u < updates:  # the plan reserves these saves' time
-                    t3 = time.perf_counter()
+                    t3 = clock(dev)
                     save_checkpoint(trainer, run_dir, u)
-                    metric("save", u, time.perf_counter() - t3)
-            t2 = time.perf_counter()
+                    metric("save", u, clock(dev) - t3)
+            t2 = clock(dev)
             model_path = run_dir / "model.safetensors"
             checkpoint.export(trainer, str(model_path), adapter=campaign.export == "adapter")
             reference = control_outputs(trainer)  # every process: FSDP's forward gathers from all of them
             if rank == 0:
                 (run_dir / "reference.json").write_text(json.dumps(reference))
             barrier()
-            metric("export", trainer.update, time.perf_counter() - t2)
+            metric("export", trainer.update, clock(dev) - t2)
             if rank == 0:
                 event("finished", trainer.update, f"model sha256 {sha256(model_path)}")
             return run_id, "diverged" if diverged_at else "finished"
@@ -405,6 +423,7 @@ def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] |
                     run_id, outcome = run_variant(campaign, v, seed, ledger_path, out, device, updates, progress=say,
                                                   start_up_s=start_up, strategy=strategy)
             finally:
+                release(device)
                 if rank == 0:
                     with Ledger(ledger_path) as led:
                         led.release(key, claim)

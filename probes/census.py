@@ -204,9 +204,18 @@ class OpCensus(TorchDispatchMode):
 
 
 def precision_flags() -> dict:
-    """What decides the fp32 peak on a GPU: matmuls' precision ("highest": no TF32) and cuDNN's TF32 switch."""
-    return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+    """What decides the fp32 peak on a GPU: matmuls' precision ("highest": no TF32) and cuDNN's TF32 switch.
+    Read through the fp32_precision getters (torch >= 2.9), which answer whichever API the workload set and never
+    raise; the legacy getters raise once a workload used the new API ("mix of the legacy and new APIs")."""
+    benchmark = {"cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}  # autotuned convolution algorithms
+    matmul = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    if matmul is None:  # torch < 2.9: the legacy API is the only one
+        return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+                "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32), **benchmark}
+    conv = torch.backends.cudnn.conv.fp32_precision
+    # "none" inherits; a getter resolves it, and only the defaults stay "none": IEEE matmuls, TF32 convolutions.
+    return {"float32_matmul_precision": "high" if matmul == "tf32" else "highest",
+            "cudnn_allow_tf32": conv in ("tf32", "none"), **benchmark}
 
 
 def census(workload, cfg, kernels=contextlib.nullcontext) -> dict:

@@ -27,10 +27,33 @@ def adapter_weights(trainer) -> dict | None:
         return of_model(getattr(trainer.model, "module", trainer.model))
 
 
-def training_state(trainer) -> dict:
+def rng_state(trainer) -> dict:
+    """This process's generators; with several ranks, every rank's too (under "ranks", gathered to each): each rank
+    draws its own dropout masks (seeded per rank or not), so one rank's state restored everywhere is not exact."""
     rng = {"torch": torch.get_rng_state(), "python": list_state(random.getstate())}
     if trainer.device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state(trainer.device)
+    if trainer.world > 1 and not trainer.fake:  # a fake process group moves nothing: estimates size rank 0's
+        from probes.distributed import every_rank
+
+        rng["ranks"] = every_rank(dict(rng))
+    return rng
+
+
+def restore_rng(trainer, rng: dict) -> None:
+    """Each rank takes back its own generators (rank 0's where the checkpoint has no per-rank states)."""
+    ranks = rng.get("ranks")
+    if ranks and len(ranks) == trainer.world:
+        rng = ranks[trainer.rank]
+    if not trainer.fake:  # a fake RNG state has no values to restore
+        torch.set_rng_state(rng["torch"].cpu())
+    random.setstate(tuple_state(rng["python"]))
+    if "cuda" in rng and trainer.device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"].cpu(), trainer.device)
+
+
+def training_state(trainer) -> dict:
+    rng = rng_state(trainer)
     return {
         "format": "rentplan-checkpoint/1",
         "model": weights(trainer),
@@ -144,11 +167,7 @@ def restore(trainer, state: dict) -> None:
     trainer.scheduler.load_state_dict(state["scheduler"])
     if trainer.scaler is not None:
         trainer.scaler.load_state_dict(state["scaler"])
-    if not trainer.fake:  # a fake RNG state has no values to restore
-        torch.set_rng_state(state["rng"]["torch"].cpu())
-    random.setstate(tuple_state(state["rng"]["python"]))
-    if "cuda" in state["rng"] and trainer.device.type == "cuda":
-        torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), trainer.device)
+    restore_rng(trainer, state["rng"])
     trainer.update = int(state["update"])
     trainer.position = int(state["position"])
     trainer.window, trainer._batches = state.get("window"), None

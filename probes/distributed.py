@@ -51,12 +51,16 @@ def rank_main(phases, cfg_dict: dict, workdir: str, run_id: str, probe_id: str) 
 
 
 def launch(phases, cfg_dict: dict, workdir: str, run_id: str, probe_id: str) -> None:
-    """Start world_size ranks on this node and wait for them (runs in a runner worker)."""
+    """Start world_size ranks on this node and wait for them (runs in a runner worker).
+
+    Ranks are spawned, never forked: LaunchConfig.__post_init__ asks torch.accelerator.is_available() (for NUMA
+    binding, torch/distributed/launcher/api.py), which in a CUDA build poisons every later fork of this process
+    (torch/csrc/cuda/Module.cpp, poison_fork), so a forked rank could not use its GPU. torchrun spawns too."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     n = int(cfg_dict["world_size"])
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=n, run_id=run_id, rdzv_backend="c10d",
-                          rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="fork")
+                          rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="spawn")
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     elastic_launch(config, rank_main)(phases, cfg_dict, workdir, run_id, probe_id)
 
@@ -128,6 +132,17 @@ def from_rank0(obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def every_rank(obj) -> list:
+    """Every rank's value, in rank order, on every rank ([obj] without a process group)."""
+    import torch.distributed as dist
+
+    if world_of()[1] == 1:
+        return [obj]
+    out = [None] * world_of()[1]
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def barrier() -> None:

@@ -171,6 +171,19 @@ class PhaseMeter:
             return {"baseline_allocated_bytes": self.tracker.live}
         return {}
 
+    def held(self) -> dict:
+        """What is held now, for a phase this meter did not watch from its start (a loop that built its model before
+        rentplan was told): on CUDA the current counters, not max_memory_* (peaks since the process started or the
+        last reset, an earlier OOM'd attempt's included) and no OOM count (num_ooms counts every earlier OOM)."""
+        if not self.cuda:
+            return self.stop()
+        self.synchronize()
+        free, total = torch.cuda.mem_get_info(self.device)
+        reserved_now = torch.cuda.memory_reserved(self.device)
+        return {"peak_allocated_bytes": torch.cuda.memory_allocated(self.device), "peak_reserved_bytes": reserved_now,
+                "device_used_bytes": total - free, "context_bytes": max(0, total - free - reserved_now),
+                "num_ooms_delta": None}
+
     def stop(self) -> dict:
         """Synchronize and read the phase's peaks. Allocated and reserved stay separate."""
         self.synchronize()
@@ -198,3 +211,17 @@ def _rss() -> int | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return None
+
+
+def reading_notes(device: torch.device, phase: str, optimizer: str) -> str:
+    """What a measured CUDA line's counters leave out or fold in, said on the line it affects."""
+    if device.type != "cuda" or phase not in ("first_step", "steady", "resume"):
+        return ""
+    notes = []
+    if optimizer.startswith("paged_"):  # bitsandbytes' get_paged: cudaMallocManaged, beside torch's allocator
+        notes.append("paged optimizer state (bitsandbytes, CUDA managed memory) is outside torch's allocator: not "
+                     "in these peaks, and --cap does not bound it")
+    if torch.backends.cudnn.benchmark and phase != "steady":
+        notes.append("cudnn.benchmark on: this update's time includes cuDNN's algorithm search and its peaks the "
+                     "workspaces it tried")
+    return "; ".join(notes)

@@ -37,7 +37,7 @@ from planner.ledger import Ledger, new_id
 from planner.records import Line, ProbeConfig, Verdict
 from probes.census import OpCensus, census_fields, precision_flags
 from probes.checkpoint import dir_size
-from probes.memory import LiveTensorTracker, PhaseMeter
+from probes.memory import LiveTensorTracker, PhaseMeter, reading_notes
 from probes.pilot import cuda_allocator_model, environment, is_oom, last_line
 from probes.positions import position_limit
 
@@ -132,7 +132,7 @@ class PhaseRecorder:
                                                        device)
         self.meter = PhaseMeter(device, self.tracker)
         params = list(model.parameters())
-        counters = self.meter.stop()  # what is held now: the model (and data) before training
+        counters = self.meter.held()  # what is held now: the model (and data) before training
         if self.tracker is not None:
             counters["peak_allocated_bytes"] = self.tracker.live
         self._setup = {
@@ -141,7 +141,8 @@ class PhaseRecorder:
             "trainable_param_count": sum(p.numel() for p in params if p.requires_grad),
             "param_bytes": sum(p.numel() * p.element_size() for p in params),
             **dict(zip(("position_limit", "position_limit_basis"), position_limit(None, model))),
-            "detail": f"the model as the {self.source} loop built it (setup time not measured)",
+            "detail": f"the model as the {self.source} loop built it, held when rentplan began watching (setup's "
+                      "time and peak not measured)",
         }
         if self.want_census and (planned_updates is None or planned_updates >= 3):
             self.census_update = 2  # the second update: the optimizer state exists, as in every steady update
@@ -361,6 +362,8 @@ class PhaseRecorder:
         if shape is not None:
             cfg = dataclasses.replace(cfg, eval_micro_batch=shape[0], eval_seq_len=shape[1])
         started = fields.pop("started_at", None) or self._started
+        fields["detail"] = "; ".join(filter(None, [fields.get("detail"),
+                                                   reading_notes(self.meter.device, phase, cfg.optimizer)]))
         line = Line.from_config(cfg, run_id=self.run_id, probe_id=self.probe_id, phase=phase,
                                 verdict=Verdict(verdict).value, started_at=started, source=self.source,
                                 rank=int(os.environ.get("RANK", 0)), **self.env, **fields)

@@ -27,7 +27,7 @@ from probes.census import OpCensus, census, census_fields, precision_flags
 from probes.kernels import target_kernels
 from probes import checkpoint
 from probes.loop import NonFinite, Trainer
-from probes.memory import LiveTensorTracker, PhaseMeter
+from probes.memory import LiveTensorTracker, PhaseMeter, reading_notes
 from probes.positions import position_limit
 from probes.workloads import load_workload
 
@@ -47,18 +47,27 @@ def cuda_allocator_model(limit_bytes: int | None = None):
         return None
 
 
-def available_device(device: str) -> str:
-    """'auto' -> cuda when present, else cpu; 'cuda[:N]' only when this machine has that device."""
+def available_device(device: str, ranks: int = 1) -> str:
+    """'auto' -> cuda when present, else cpu; 'cuda[:N]' only when this machine has that device; `ranks` ranks on
+    CUDA only when each has a GPU of its own (rank r runs on cuda:r). Asked in the command's own process, never in
+    one that forks workers (probes/warm.py says why)."""
     from planner.errors import InputError
 
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cpu":
+            return device
     if not torch.cuda.is_available():
         raise InputError(f"--device {device}: no CUDA device on this machine (torch {torch.__version__}). "
                          "Use --device cpu, or run on a GPU machine with the CUDA build of torch.")
+    count = torch.cuda.device_count()
     index = int(device.split(":")[1]) if ":" in device else 0
-    if index >= torch.cuda.device_count():
-        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s).")
+    if index >= count:
+        raise InputError(f"--device {device}: this machine has {count} CUDA device(s).")
+    if ranks > count:
+        raise InputError(f"--nproc {ranks}: this machine has {count} CUDA device(s), and each rank needs its own "
+                         f"(rank r runs on cuda:r). Use --nproc {count} or fewer here, or --device cpu for ranks "
+                         f"on the CPU (gloo), or estimate --strategy ... --nproc {ranks} to size it without the GPUs.")
     return device
 
 
@@ -360,7 +369,8 @@ class Pilot:
         seconds = time.perf_counter() - t0
         fields.update(self.meter.stop())
         fields["seconds"] = seconds
-        fields["detail"] = fields.get("detail") or detail
+        fields["detail"] = "; ".join(filter(None, [fields.get("detail") or detail,
+                                                   reading_notes(self.device, phase, self.cfg.optimizer)]))
         line = Line.from_config(self.cfg, run_id=self.run_id, probe_id=self.probe_id, phase=phase, rank=self.rank,
                                 verdict=verdict.value, started_at=started, **self.env, **fields)
         self.emit("line", line.to_dict())

@@ -1,5 +1,13 @@
 """Imported once by the forkserver: pays torch's lazy one-time costs (the first optimizer imports
-torch._dynamo, about a second) so that every forked worker starts warm."""
+torch._dynamo, about a second) so that every forked worker starts warm.
+
+The forkserver forks every worker, so it must never ask CUDA anything: in a CUDA (or ROCm) build,
+torch.cuda.is_available() calls _cuda_getDeviceCount, whose poison_fork() registers a pthread_atfork
+handler that marks every later child "in bad fork" (torch/csrc/cuda/Module.cpp, poison_fork and
+THCPModule_getDeviceCount_wrap), and the child's first CUDA call then raises "Cannot re-initialize CUDA in
+forked subprocess" (torch/cuda/__init__.py, _lazy_init). An optimizer step asks it
+(Optimizer._cuda_graph_capture_health_check) and so does FakeTensorMode (its avoid_device_init property), so
+in such a build the server only imports; a CPU-only build has no CUDA to ask and warms up fully."""
 
 import gc
 
@@ -36,9 +44,19 @@ def _warm_estimates() -> None:
 
 # Everything imported lives as long as the process: keep it out of the collector's scans, so the gc.collect()
 # at every phase boundary costs milliseconds rather than a fifth of a second (the warm-up's seven included).
+# torch.backends.cuda.is_built() reads a build flag: it asks the driver nothing.
+ASKS_NO_DEVICE = not torch.backends.cuda.is_built()
+
+if not ASKS_NO_DEVICE:  # what the estimate's warm-up would import, without entering FakeTensorMode
+    import torch._subclasses.fake_tensor  # noqa: F401
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
+
+    import probes.census  # noqa: F401
+    import probes.fake  # noqa: F401
 gc.collect()
 gc.freeze()
-_warm()
-_warm_estimates()
+if ASKS_NO_DEVICE:
+    _warm()
+    _warm_estimates()
 gc.collect()
 gc.freeze()

@@ -1,3 +1,4 @@
+import functools
 import os
 import sys
 from pathlib import Path
@@ -39,12 +40,37 @@ def start_hung_pilot(command: str, ledger: str, lines: int, *extra: str):
     return proc
 
 
+def rentplan(tmp_path: Path, *args: str, timeout: float = 300):
+    """The CLI in a fresh process, as a user starts it, in tmp_path, with tests/workloads.fork_witness's log there."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RENTPLAN_FORK_LOG": str(tmp_path / "forks.txt")}
+    return subprocess.run([sys.executable, "-m", "planner", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def builders(tmp_path: Path) -> list[tuple[int, bool]]:
+    """(pid, in a bad CUDA fork?) for every process that built tests/workloads.fork_witness's model."""
+    log = tmp_path / "forks.txt"
+    rows = [ln.split() for ln in log.read_text().splitlines()] if log.exists() else []
+    return [(int(pid), bad == "True") for pid, bad in rows]
+
+
+@functools.cache
 def has_cuda() -> bool:
+    """Asked in a child process: torch.cuda.is_available() in this one would poison every fork the tests make under
+    a CUDA build (torch/csrc/cuda/Module.cpp, poison_fork). A CPU-only build answers from its build flag."""
     try:
         import torch
     except ImportError:
         return False
-    return torch.cuda.is_available()
+    if not torch.backends.cuda.is_built():
+        return False
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() == "True"
 
 
 def pytest_collection_modifyitems(config, items):

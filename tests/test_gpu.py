@@ -110,3 +110,31 @@ def test_a_training_step_holds_two_sets_of_blas_workspaces():
     # cuBLASLt's 1 MiB comes only with the matmuls that take that path (a bias, some shapes): at most one per thread
     assert one - 2**20 <= forward <= one, forward
     assert 2 * (one - 2**20) <= held <= 2 * one, held
+
+
+def test_the_cli_probe_runs_every_worker_on_the_gpu(tmp_path):
+    """The probe as a user runs it, under the CUDA build: every worker the forkserver forks (the pilot's, resume's)
+    builds the model on the GPU, none in a bad fork, and the lines carry the allocator's own counters."""
+    from tests.conftest import TINY, WORKLOADS, builders, rentplan
+
+    r = rentplan(tmp_path, "probe", "--device", "cuda", "--ledger", "l.db", "-w", f"{WORKLOADS}:fork_witness",
+                 *[x for k, v in TINY.items() for x in ("-p", f"{k}={v}")], "--micro-batch", "2", "--seq-len", "64",
+                 "--precision", "bf16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    built = builders(tmp_path)
+    assert len({pid for pid, _ in built}) >= 2 and not any(bad for _, bad in built), built
+    df = read_lines(str(tmp_path / "l.db"))
+    assert (df["verdict"] == "ok").all(), df[["phase", "verdict", "detail"]]
+    assert df["device"].str.startswith("cuda").all() and (df["peak_reserved_bytes"] > 0).all()
+
+
+def test_more_ranks_than_this_machines_gpus_is_an_error(tmp_path):
+    import torch
+
+    from tests.conftest import rentplan
+
+    n = torch.cuda.device_count()
+    r = rentplan(tmp_path, "probe", "--device", "cuda", "--strategy", "ddp", "--nproc", str(n + 1), "--ledger", "l.db",
+                 "--micro-batch", "1", "--seq-len", "8")
+    assert r.returncode == 1 and f"this machine has {n} CUDA device(s)" in r.stderr, r.stderr
+    assert not (tmp_path / "l.db").exists()

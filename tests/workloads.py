@@ -414,3 +414,31 @@ def meet(folder: str = "", others: int = 1, wait_s: float = 60.0, **kw):
 
     w.build_model = build_model
     return w
+
+
+def fork_witness(log: str = "", **kw):
+    """A gpt whose build_model appends '<pid> <in bad CUDA fork?>' to `log` (or $RENTPLAN_FORK_LOG): under torch's
+    CUDA build, a process forked after its parent asked CUDA anything cannot use the GPU (torch/csrc/cuda/Module.cpp,
+    poison_fork), and this is how a CPU machine sees it."""
+    w = _Wrapped(**kw)
+    build = w.build_model
+    path = log or os.environ.get("RENTPLAN_FORK_LOG", "")
+
+    def build_model():
+        if path:
+            with open(path, "a") as f:
+                f.write(f"{os.getpid()} {torch.cuda._is_in_bad_fork()}\n")
+        return build()
+
+    w.build_model = build_model
+    return w
+
+
+def tf32_new_api(where: str = "matmul", **kw):
+    """A gpt whose workload turns TF32 on with the fp32_precision API PyTorch's notes now point to (after which the
+    legacy getters raise "mix of the legacy and new APIs")."""
+    if where == "matmul":
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+    else:
+        torch.backends.fp32_precision = "tf32"
+    return _Wrapped(**kw)

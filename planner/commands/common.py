@@ -15,20 +15,21 @@ from planner.outputs.tables import FORMATS
 
 
 
-def resolve_device(device: str) -> str:
-    """auto | cpu | cuda | cuda:N: a device this machine lacks is refused before anything runs."""
+def resolve_device(device: str, ranks: int = 1) -> str:
+    """auto | cpu | cuda | cuda:N: a device this machine lacks (or too few GPUs for `ranks` ranks, each on its own
+    cuda:LOCAL_RANK) is refused before anything runs."""
     device = checked_device(device)
     if device == "cpu":
         return device
     from probes.pilot import available_device  # only the commands that run pilots get here (torch)
 
-    return available_device(device)
+    return available_device(device, ranks)
 
 
 def spec_from_options(opts: dict) -> GridSpec:
     """The grid the options and the --grid file describe, on a device this machine has."""
     spec = parse_spec(opts)
-    spec.device = resolve_device(spec.device)
+    spec.device = resolve_device(spec.device, spec.nproc if spec.mode == "measured" else 1)
     return spec
 
 
