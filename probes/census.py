@@ -203,19 +203,26 @@ class OpCensus(TorchDispatchMode):
                 "flops": sum(r[2] * r[4] for r in rows), "bytes": sum(r[3] * r[4] for r in rows)}
 
 
+def _resolved(leaf: str) -> str:
+    """An fp32_precision setting as PyTorch resolves it: "none" inherits the global torch.backends.fp32_precision."""
+    return leaf if leaf != "none" else torch.backends.fp32_precision
+
+
 def precision_flags() -> dict:
-    """What decides the fp32 peak on a GPU: matmuls' precision ("highest": no TF32) and cuDNN's TF32 switch.
-    Read through the fp32_precision getters (torch >= 2.9), which answer whichever API the workload set and never
-    raise; the legacy getters raise once a workload used the new API ("mix of the legacy and new APIs")."""
-    benchmark = {"cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}  # autotuned convolution algorithms
-    matmul = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
-    if matmul is None:  # torch < 2.9: the legacy API is the only one
-        return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
-                "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32), **benchmark}
-    conv = torch.backends.cudnn.conv.fp32_precision
-    # "none" inherits; a getter resolves it, and only the defaults stay "none": IEEE matmuls, TF32 convolutions.
-    return {"float32_matmul_precision": "high" if matmul == "tf32" else "highest",
-            "cudnn_allow_tf32": conv in ("tf32", "none"), **benchmark}
+    """What decides the fp32 peak on a GPU: matmuls' precision ("highest": no TF32) and cuDNN's TF32 switch, and
+    whether cuDNN autotunes its convolution algorithms. The legacy getters answer while the legacy API is in force
+    (allow_tf32, set_float32_matmul_precision: the fp32_precision getters then read "none"); once a workload used the
+    fp32_precision API (torch >= 2.9) they raise ("mix of the legacy and new APIs") and its getters answer."""
+    try:
+        matmul = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        matmul = {"tf32": "high", "bf16": "medium"}.get(_resolved(torch.backends.cuda.matmul.fp32_precision), "highest")
+    try:
+        conv_tf32 = bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:
+        conv_tf32 = _resolved(torch.backends.cudnn.conv.fp32_precision) == "tf32"
+    return {"float32_matmul_precision": matmul, "cudnn_allow_tf32": conv_tf32,
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}  # autotuned convolution algorithms
 
 
 def census(workload, cfg, kernels=contextlib.nullcontext) -> dict:

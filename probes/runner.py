@@ -510,6 +510,8 @@ def _read_rank_files(workdir: str, run_id: str, phases, world: int, offsets: dic
                     out.lines.append(line)
                     out.in_flight = None
                     on_line(line)
+                elif kind == "fatal":
+                    out.fatal = payload
 
 
 def _run_ranks(phases, cfg: ProbeConfig, workdir, run_id, probe_id, timeout_s, on_line, on_phase) -> dict:
@@ -551,11 +553,13 @@ def _run_ranks(phases, cfg: ProbeConfig, workdir, run_id, probe_id, timeout_s, o
                f"{next(ln.phase for ln in failed[0][1].lines if ln.verdict != Verdict.OK.value)}"
                if failed else message)
         verdict = {"timeout": Verdict.TIMEOUT, "interrupted": Verdict.INTERRUPTED}.get(status, Verdict.KILLED)
+        # a rank that could not start said why in its file; the launcher's own message is a banner of '='
+        cause = next((o.fatal for o in outs.values() if o.fatal), "") or message
         for r, o in outs.items():
             if o in (x for _, x in failed):
                 continue
             o.verdict = Verdict.ERROR if (status == "failed" and not failed) else verdict
-            o.detail = message if (status == "failed" and not failed) else why
+            o.detail = cause if (status == "failed" and not failed) else why
     return outs
 
 

@@ -141,23 +141,52 @@ def test_paged_optimizer_state_is_said_to_be_outside_the_counters():
     assert reading_notes(torch.device("cuda", 0), "steady", "adamw8bit") == ""
 
 
-def test_the_new_tf32_switch_is_read_without_raising(monkeypatch):
-    """After torch.backends.cuda.matmul.fp32_precision = "tf32", torch.get_float32_matmul_precision() raises ("mix of
-    the legacy and new APIs"); the census reads the switch and records TF32."""
-    from probes.census import precision_flags
+TF32_CASES = {  # what a workload does -> (matmul precision recorded, cuDNN TF32 recorded)
+    "pass": ("highest", True),  # PyTorch's defaults
+    "torch.backends.cudnn.allow_tf32 = False": ("highest", False),
+    "torch.backends.cuda.matmul.allow_tf32 = True": ("high", True),
+    "torch.set_float32_matmul_precision('high')": ("high", True),
+    "torch.set_float32_matmul_precision('medium')": ("medium", True),
+    "torch.backends.cuda.matmul.fp32_precision = 'tf32'": ("high", True),  # then the legacy getters raise
+    "torch.backends.fp32_precision = 'tf32'": ("high", True),
+    "torch.backends.fp32_precision = 'bf16'": ("medium", False),
+    "torch.backends.fp32_precision = 'ieee'": ("highest", False),
+    "torch.backends.cudnn.conv.fp32_precision = 'ieee'": ("highest", False),
+}
 
-    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+TF32_SCRIPT = """
+import json, os, sys
+import torch
+from probes.census import precision_flags
+for case in json.loads(sys.argv[1]):
+    pid = os.fork()  # each case in a fresh copy of the process: a switch once set stays set
+    if pid == 0:
+        try:
+            exec(case)
+            print(json.dumps([case, precision_flags()]), flush=True)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+def test_tf32_is_recorded_as_set_through_either_api():
+    """torch.backends.cuda.matmul.fp32_precision = "tf32" (the API PyTorch's notes now point to) makes the legacy
+    getters raise ("mix of the legacy and new APIs"), and the legacy setters leave the new getters at "none": the
+    census reads whichever API is in force and records what the GPU would run, without raising."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    if not hasattr(torch.backends, "fp32_precision"):
         pytest.skip(f"torch {torch.__version__} has only the legacy API")
-    before = torch.backends.cuda.matmul.fp32_precision
-    try:
-        torch.backends.cuda.matmul.fp32_precision = "tf32"
-        with pytest.raises(RuntimeError):
-            torch.get_float32_matmul_precision()  # what the census used to read
-        assert precision_flags()["float32_matmul_precision"] == "high"
-        torch.backends.cuda.matmul.fp32_precision = "ieee"
-        assert precision_flags()["float32_matmul_precision"] == "highest"
-    finally:
-        torch.backends.cuda.matmul.fp32_precision = before
+    r = subprocess.run([sys.executable, "-c", TF32_SCRIPT, json.dumps(list(TF32_CASES))], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
+    seen = {case: (f["float32_matmul_precision"], f["cudnn_allow_tf32"])
+            for case, f in map(json.loads, r.stdout.splitlines())}
+    assert seen == TF32_CASES, r.stderr[-2000:]
 
 
 def test_more_ranks_than_gpus_is_refused_before_anything_runs(fake_cuda, tmp_path, monkeypatch):
@@ -199,3 +228,31 @@ def test_each_rank_resumes_its_own_generators(monkeypatch):
     # An older checkpoint (rank 0's states only) still resumes, with rank 0's states
     checkpoint.restore_rng(rank1, {k: v for k, v in rng.items() if k != "ranks"})
     assert int(set_to[1][0]) == 0
+
+
+def test_a_grid_files_device_is_the_one_checked(fake_cuda, tmp_path, monkeypatch):
+    """`probe --grid grid.yaml` whose file says the device: the check reads it (the command line's --device no longer
+    stands in for it with a default of auto)."""
+    from planner.inputs.grid import GridSpec
+    from planner.commands.common import spec_from_options
+
+    (tmp_path / "grid.yaml").write_text("device: cuda\nstrategy: ddp\nnproc: 3\nmicro_batch: 1\nseq_len: 8\n")
+    with pytest.raises(Exception, match="--nproc 3: this machine has 1 CUDA device"):
+        spec_from_options({"grid_file": str(tmp_path / "grid.yaml")})
+    (tmp_path / "grid.yaml").write_text("device: cpu\nstrategy: ddp\nnproc: 3\nmicro_batch: 1\nseq_len: 8\n")
+    spec = spec_from_options({"grid_file": str(tmp_path / "grid.yaml")})
+    assert isinstance(spec, GridSpec) and spec.device == "cpu" and spec.nproc == 3
+    spec = spec_from_options({"grid_file": str(tmp_path / "grid.yaml"), "device": "auto", "nproc": 1,
+                              "strategy": "single"})
+    assert spec.device == "cuda"  # the command line still wins where it is given
+
+
+def test_ranks_from_another_gpu_than_the_first_are_refused(fake_cuda, monkeypatch):
+    from planner.errors import InputError
+    from probes.pilot import available_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert available_device("cuda", 4) == "cuda"
+    with pytest.raises(InputError, match="rank r runs on cuda:r"):
+        available_device("cuda:1", 2)
+    assert available_device("cuda:1", 1) == "cuda:1"

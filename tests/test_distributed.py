@@ -62,7 +62,9 @@ def test_ddp_two_ranks_each_write_every_phase(three_ways):
         # phases outside training hold one gradient-sized buffer more than a single process, which frees grads
         grads = d[(d["rank"] == rank) & (d["phase"] == "setup")]["param_bytes"].iloc[0]
         for phase in ("eval", "save", "export"):
-            assert mine[phase] <= s[phase] + grads * 1.01, phase
+            # save also gathers every rank's RNG states (all_gather_object: pickled into byte tensors, ~11 KB a rank)
+            rng_gather = 64 * 1024 if phase == "save" else 0
+            assert mine[phase] <= s[phase] + grads * 1.01 + rng_gather, phase
         # At setup the buckets can meet the flattened copy of the parameters DDP broadcast from rank 0: gloo's
         # worker thread drops it only after waking the constructor (CI read 3.0 x the parameters, here 2.0 x)
         broadcast = min(grads, DDP_BROADCAST_BYTES)
@@ -154,3 +156,20 @@ def test_a_failing_rank_ends_its_configuration_and_the_next_runs(tmp_path, how, 
     assert first[1] == verdict
     assert first[0] in ("killed", "timeout", "error")  # stopped with its failing peer, and said so
     assert (by_run(ledger, res.run_ids[1])["verdict"] == "ok").all()
+
+
+@pytest.mark.slow
+def test_a_rank_that_cannot_start_says_why(tmp_path):
+    """Ranks asked to run on a GPU this machine cannot give them (here none: the command-line check is passed by
+    calling the runner directly, as a GPU with a broken driver would): each line names the rank's own error, not
+    the launcher's banner of '='."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine can start CUDA ranks")
+    ledger = str(tmp_path / "l.db")
+    run_grid([cfg("ddp", 2, device="cuda")], ledger, progress=lambda m: None, timeout_s=120)
+    setup = read_lines(ledger).query("phase == 'setup'")
+    assert len(setup) == 2 and set(setup["verdict"]) == {"error"}, setup[["rank", "verdict", "detail"]]
+    for detail in setup["detail"]:
+        assert "could not start: " in detail and "=====" not in detail, detail

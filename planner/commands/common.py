@@ -97,7 +97,7 @@ def grid_options(fn):
         click.option("--lr", default=None, type=float),
         click.option("--cap", default=None, help="cap memory at a catalog GPU's usable memory (GPU id) or a size"),
         click.option("--catalog", "catalog_path", default=None, type=click.Path(dir_okay=False)),
-        click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N"),
+        click.option("--device", default=None, help="auto | cpu | cuda | cuda:N (default: a --grid file's, else auto)"),
         click.option("--strategy", default=None, help="single | ddp | fsdp (FSDP2 fully_shard per block)"),
         click.option("--nproc", default=None, type=int, help="ranks on this machine, started by torch's launcher"),
         click.option("--grid", "grid_file", default=None, type=click.Path(dir_okay=False),

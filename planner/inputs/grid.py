@@ -260,7 +260,7 @@ def spec_from_options(o: dict) -> GridSpec:
         effective_batch=checked_count("--effective-batch", pick("effective_batch")),
         steady_updates=checked_count("--steady-updates", pick("steady_updates"), 3, 10_000) or 3,
         lr=checked_lr(pick("lr")), cap=cap_label, cap_bytes=cap_bytes,
-        device=checked_device(o.get("device") or pick("device") or "auto"),
+        device=checked_device(pick("device") or "auto"),
         strategy=pick("strategy") or "single", nproc=checked_count("--nproc", pick("nproc"), 1, 1024) or 1)
 
 
