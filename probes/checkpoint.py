@@ -52,11 +52,66 @@ def restore_rng(trainer, rng: dict) -> None:
         torch.cuda.set_rng_state(rng["cuda"].cpu(), trainer.device)
 
 
+FINGERPRINT_SAMPLES = 1024
+
+
+def frozen_names(model) -> list[str]:
+    """The parameters that do not train (a LoRA/QLoRA base, a frozen backbone)."""
+    return [n for n, p in model.named_parameters() if not p.requires_grad]
+
+
+def _frozen_entries(model, model_state: dict, frozen: list[str]) -> set[str]:
+    """The state-dict entries of the frozen base: its parameters, and the extra state of the modules that own them
+    (a quantized layer's absmax, quant maps, SCB, weight_format), which never changes in training. Buffers stay
+    (a frozen backbone's batch-norm statistics still move)."""
+    modules = {name for name, _ in model.named_modules()}
+    buffers = {name for name, _ in model.named_buffers()}
+    owners = {name.rpartition(".")[0] for name in frozen}
+
+    def owner(key: str) -> str:
+        parts = key.split(".")
+        return next((p for p in (".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)) if p in modules), "")
+
+    names = set(frozen)
+    return {k for k in model_state if k in names or (k not in buffers and owner(k) in owners)}
+
+
+def fingerprint(trainer, names: list[str]) -> list[float] | None:
+    """A few values of each frozen parameter (an even sample, summed): enough to tell the base a resume rebuilt from
+    another (other weights, another seed), at no memory cost. None under fake tensors (no values)."""
+    if trainer.fake:
+        return None
+    params = dict(trainer.model.named_parameters())
+    out = []
+    with torch.no_grad():
+        for n in names:
+            flat = params[n].detach().reshape(-1)
+            step = max(1, flat.numel() // FINGERPRINT_SAMPLES)
+            out.append(float(flat[::step][:FINGERPRINT_SAMPLES].double().sum()))
+    return out
+
+
+def trained_weights(trainer) -> tuple[dict, dict | None]:
+    """What a checkpoint keeps of the model, and what it leaves out. A full fine-tune keeps everything. A model with
+    frozen parameters (LoRA, QLoRA) keeps what trains and the buffers, never the frozen base: resume rebuilds the base
+    from its source (build_model) and checks it against the fingerprint kept here, as peft's and Lightning's
+    fine-tuning checkpoints hold the adapter alone. A 7B LoRA's checkpoint is then megabytes, not 13 GB."""
+    model_state = weights(trainer)
+    frozen = frozen_names(trainer.model)
+    if not frozen:
+        return model_state, None
+    left_out = _frozen_entries(trainer.model, model_state, frozen)
+    kept = {k: v for k, v in model_state.items() if k not in left_out}
+    return kept, {"params": frozen, "keys": sorted(left_out), "fingerprint": fingerprint(trainer, frozen)}
+
+
 def training_state(trainer) -> dict:
     rng = rng_state(trainer)
+    model_state, frozen = trained_weights(trainer)
     return {
         "format": "rentplan-checkpoint/1",
-        "model": weights(trainer),
+        "model": model_state,
+        "frozen": frozen,
         "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.scheduler.state_dict(),
         "scaler": trainer.scaler.state_dict() if trainer.scaler else None,
@@ -123,11 +178,29 @@ def gathered_weights(trainer) -> dict:
 
 
 def load(trainer, path: str) -> None:
-    state = safe_load(path, trainer.device)
+    """Resume from a checkpoint file without two copies of it on the device: the file is read into host memory
+    (memory-mapped, as torch.load(mmap=True) reads it), and each tensor is copied onto the device into the model the
+    trainer built (load_state_dict copies in place) or the optimizer's state (its load_state_dict casts it to the
+    parameters' device). The torch.load(map_location=device) this replaces put the whole file on the GPU first."""
+    from probes.memory import host_side
+
+    with host_side():
+        state = safe_load(path)
     if trainer.cfg.strategy == "fsdp":
         load_sharded(trainer, f"{path}.dcp")
         state = {**state, "model": None, "optimizer": None}
+    restore_from_host(trainer, state)
+
+
+def restore_from_host(trainer, state: dict) -> None:
+    """restore(), from a state read into host memory; what the device then holds of it is counted there (on a CPU
+    pilot the device is the host: the optimizer's state and partial gradients become device memory as they are)."""
+    from probes.memory import device_side
+
     restore(trainer, state)
+    held = [t for s in trainer.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    held += [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    device_side(held)
 
 
 def load_sharded(trainer, checkpoint_id: str | None) -> None:
@@ -151,6 +224,7 @@ def restore(trainer, state: dict) -> None:
         missing.append("rng.torch")
     if missing:
         raise ResumeError(f"checkpoint cannot restore the exact state: missing {', '.join(missing)}")
+    frozen = state.get("frozen")
     if state["model"] is not None:  # None: restored from sharded files already
         # An estimate of a quantized base: its layers hold plain fake weights (probes/quantize.py), which take
         # the checkpoint's values but not bitsandbytes' quant-state keys; the memory of the load is the same.
@@ -162,7 +236,14 @@ def restore(trainer, state: dict) -> None:
             model_state = restore_quant_states(trainer.model, model_state, trainer.device)
         elif quantized:  # its value is unknown under fake tensors; bitsandbytes reads the default ("row")
             model_state = {k: v for k, v in model_state.items() if not k.endswith(".weight_format")}
-        trainer.model.load_state_dict(model_state, strict=not (quantized and trainer.fake))
+        if frozen:  # the base is the one build_model made just now: what trains comes from the file
+            check_frozen_base(trainer, frozen)
+        result = trainer.model.load_state_dict(model_state, strict=not (quantized and trainer.fake) and not frozen)
+        if frozen:
+            left = set(result.missing_keys) - set(frozen["keys"])
+            if left or result.unexpected_keys:
+                raise ResumeError(f"checkpoint does not match the model: missing {sorted(left)[:5]}, unexpected "
+                                  f"{sorted(result.unexpected_keys)[:5]}")
         trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
     if trainer.scaler is not None:
@@ -177,6 +258,18 @@ def restore(trainer, state: dict) -> None:
             raise ResumeError("checkpoint is inside an accumulation window but holds no partial gradients")
         for p, g in zip(trainer.model.parameters(), grads):
             p.grad = None if g is None else g.to(trainer.device)
+
+
+def check_frozen_base(trainer, frozen: dict) -> None:
+    """The rebuilt base must be the one the adapter was trained on (the checkpoint does not hold it)."""
+    if frozen_names(trainer.model) != frozen["params"]:
+        raise ResumeError("the model built for resume freezes other parameters than the checkpoint's run did")
+    want, got = frozen.get("fingerprint"), fingerprint(trainer, frozen["params"])
+    if want is not None and got is not None and want != got:
+        bad = next(n for n, a, b in zip(frozen["params"], want, got) if a != b)
+        raise ResumeError(f"the frozen base build_model made differs from the one this checkpoint trained on (first at "
+                          f"{bad}); the checkpoint holds only what trains, so build_model must make the same base: "
+                          "load it from its files, or seed its initialisation")
 
 
 def list_state(state):
@@ -206,4 +299,4 @@ def safe_load(path: str, device: torch.device | str = "cpu") -> dict:
     if unsafe:
         raise ResumeError(f"refusing {path}: it references globals outside plain tensors and containers "
                           f"({', '.join(sorted(unsafe))}); loading it could run code")
-    return torch.load(path, map_location=device, weights_only=True)
+    return torch.load(path, map_location=device, weights_only=True, mmap=True)

@@ -8,6 +8,7 @@ device-level figure. The same tracker runs under FakeTensorMode for estimates.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import weakref
@@ -69,6 +70,8 @@ class LiveTensorTracker(TorchDispatchMode):
         return out
 
     def _track(self, t: torch.Tensor) -> None:
+        if _HOST_SIDE:  # host memory (a checkpoint read into RAM), not the device's: see host_side()
+            return
         if is_traceable_wrapper_subclass(t):
             # A wrapper (DTensor) owns no memory: its storage reports the full logical size but has no data.
             # The memory is in its inner tensors (a DTensor's local shard).
@@ -119,6 +122,34 @@ class LiveTensorTracker(TorchDispatchMode):
         if self.track_resizes:
             self.refresh()
         self.peak = self.live
+
+
+_HOST_SIDE = 0
+
+
+@contextlib.contextmanager
+def host_side():
+    """Tensors made here stand for host memory: a checkpoint read into RAM before its values are copied onto the
+    device (probes/checkpoint.load). The trackers leave them out; what the device then holds of them is counted
+    when it gets there (device_side)."""
+    global _HOST_SIDE
+    _HOST_SIDE += 1
+    try:
+        yield
+    finally:
+        _HOST_SIDE -= 1
+
+
+def device_side(tensors) -> None:
+    """These tensors now live on the device being measured (a CPU pilot's device is this host, where a tensor
+    moved "to the device" is the same tensor): the active trackers count them from here on."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    trackers = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, LiveTensorTracker)]
+    for tracker in trackers:
+        for t in tensors:
+            tracker._track(t)
+        tracker.peak = max(tracker.peak, tracker.live)
 
 
 def read_vm_hwm() -> int | None:

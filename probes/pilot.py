@@ -27,7 +27,7 @@ from probes.census import OpCensus, census, census_fields, precision_flags
 from probes.kernels import target_kernels
 from probes import checkpoint
 from probes.loop import NonFinite, Trainer
-from probes.memory import LiveTensorTracker, PhaseMeter, reading_notes
+from probes.memory import LiveTensorTracker, PhaseMeter, host_side, reading_notes
 from probes.positions import position_limit
 from probes.workloads import load_workload
 
@@ -64,6 +64,10 @@ def available_device(device: str, ranks: int = 1) -> str:
     index = int(device.split(":")[1]) if ":" in device else 0
     if index >= count:
         raise InputError(f"--device {device}: this machine has {count} CUDA device(s).")
+    if ranks > 1 and index:
+        raise InputError(f"--device {device} with --nproc {ranks}: rank r runs on cuda:r, from cuda:0. Give --device "
+                         f"cuda, and choose the GPUs with CUDA_VISIBLE_DEVICES (e.g. CUDA_VISIBLE_DEVICES={index},"
+                         f"{index + 1} for two ranks from cuda:{index}).")
     if ranks > count:
         raise InputError(f"--nproc {ranks}: this machine has {count} CUDA device(s), and each rank needs its own "
                          f"(rank r runs on cuda:r). Use --nproc {count} or fewer here, or --device cpu for ranks "
@@ -282,13 +286,14 @@ class Pilot:
             self.trainer = None
             gc.collect()
         self.trainer = self.new_trainer()
-        if self.fake:  # torch.load materialises every tensor of the file, then load_state_dict copies them in
+        if self.fake:  # torch.load reads every tensor of the file into host memory, then they are copied onto the device
             state = self._checkpoint
             if self.cfg.strategy == "fsdp":  # as checkpoint.load: shards restored in place, the rest from the file
                 checkpoint.load_sharded(self.trainer, None)
                 state = {**state, "model": None, "optimizer": None, "grads": None}
-            loaded = _materialise(state)
-            checkpoint.restore(self.trainer, loaded)
+            with host_side():  # read into host memory, as checkpoint.load reads the file
+                loaded = _materialise(state)
+            checkpoint.restore_from_host(self.trainer, loaded)
             del loaded
         else:
             checkpoint.load(self.trainer, self.ckpt_path)
