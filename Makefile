@@ -63,7 +63,7 @@ browser:
 bench: install
 	$(BIN)/python benchmarks/probe_overhead.py
 
-# The sizing benchmark against the public H100 runs (../shared/gpu-truth/h100.csv), in an environment of its own:
+# The sizing benchmark against the public H100 runs (benchmarks/gpu-truth/h100.csv), in an environment of its own:
 # timm needs torchvision, and the package index has no CPU torchvision for the pinned torch 2.13.0+cpu; torch 2.14.1
 # and torchvision 0.29.1 lie on this machine's disk (they run on the CPU here). transformers is the release line the
 # rows ran (measured 2024-10-29): the models' code is what is sized, and today's T5 is not 2024's. Not part of CI.

@@ -1,4 +1,4 @@
-"""The training steps of the public H100 rows (../shared/gpu-truth/, from sanketpurandare/mem-run-estimator's
+"""The training steps of the public H100 rows (benchmarks/gpu-truth/, from sanketpurandare/mem-run-estimator's
 exp_utils.py), as rentplan workloads: the same models built from their configs with random weights, the same
 inputs and losses. Nothing is downloaded.
 

@@ -1,6 +1,6 @@
 """An estimate for a GPU is widened by the estimator's own error against real GPU runs, and says so.
 
-On the public H100 rows (../shared/gpu-truth, benchmarks/gpu_truth.py) the estimate's allocated peak read up to
+On the public H100 rows (benchmarks/gpu-truth, benchmarks/gpu_truth.py) the estimate's allocated peak read up to
 1.0 % under the real active peak; without an allowance the two T5-large rows planned a need 8 and 54 MiB under
 what the run really reserved (a false fit). Every estimate that sizes a GPU offer gets it (one made with the
 target's kernels or with the CPU's), stated on the need's basis; a line measured on a GPU carries the real kernels'

@@ -17,7 +17,7 @@ peak already holds its own GPU's workspaces: a target with larger ones adds the 
   optimizer. So a training line holds two of each; their reserved bytes come from replaying the four requests
   through the caching allocator's model (two 8.1 MiB cuBLAS requests share one 20 MiB segment; 32 MiB ones take
   32 MiB each; the 1 MiB cuBLASLt ones share a 2 MiB small-pool segment). On the public H100 rows
-  (../shared/gpu-truth, benchmarks/gpu_truth.py) the estimate's allocated peak read exactly 64.0 MiB under the
+  (benchmarks/gpu-truth, benchmarks/gpu_truth.py) the estimate's allocated peak read exactly 64.0 MiB under the
   real active peak on all four Llama/gemma rows before these were counted: two 32 MiB workspaces, not one.
 - NCCL buffers, for DDP and FSDP only (outside PyTorch's allocator): 1.6 GB per process after an all-reduce
   on one communicator (NVIDIA/nccl#864); 1.06 GB on 8 × H100 after init (NVIDIA/nccl#1685); they grow
@@ -79,7 +79,7 @@ def describe(compute_capability: str | None, software: str = "cuda", arch: str |
 # cuDNN's convolution workspaces: PyTorch allocates each algorithm's workspace through the caching allocator for the
 # length of the convolution (aten/src/ATen/native/cudnn/Conv_v8.cpp, run_conv_plan / try_plans), and which
 # algorithm (so how much) comes from cuDNN's heuristics on the GPU itself: nothing a CPU can replay. What they leave
-# behind is fragmentation: on the public H100 rows (../shared/gpu-truth, ConvNeXt-V2-H, ViT-H/14, CLIP-L/336) the
+# behind is fragmentation: on the public H100 rows (benchmarks/gpu-truth, ConvNeXt-V2-H, ViT-H/14, CLIP-L/336) the
 # real reserved peak stood up to 5.1 % above the reserved peak simulated from the estimate's allocations, while
 # the allocated peaks agreed within 1.2 %. CALIBRATED on those rows (not held out): an estimate for a GPU target
 # whose update runs convolutions has its need raised by this fraction, and says so.
@@ -101,7 +101,7 @@ def conv_note() -> str:
             "public H100 rows, planner/models/overheads.py)")
 
 
-# The estimator's own error, for estimates of a GPU target: on the 15 public H100 rows (../shared/gpu-truth,
+# The estimator's own error, for estimates of a GPU target: on the 15 public H100 rows (benchmarks/gpu-truth,
 # benchmarks/gpu_truth.py) the estimate's allocated peak read up to 1.0 % under the real active peak
 # (convnext2h-16-fp32 0.990, vith-64-amp 0.993, t5large-6x512-fp16 0.997), and with the simulated reserved peak at
 # 0.999-1.000 of the real one the two T5-large rows planned 8 and 54 MiB short of what they really reserved: a
@@ -113,4 +113,5 @@ ESTIMATE_ALLOWANCE = 0.010
 
 def estimate_note() -> str:
     return (f"+{ESTIMATE_ALLOWANCE:.1%} for the estimator's own error (its allocated peak read up to that much under "
-            "the real active peak on the public H100 runs, ../shared/gpu-truth; planner/models/overheads.py)")
+            "the real active peak on the public H100 runs of sanketpurandare/mem-run-estimator, kept in rentplan's "
+            "benchmarks/gpu-truth; planner/models/overheads.py)")

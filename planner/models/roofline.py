@@ -53,7 +53,7 @@ class Fractions:
     of_mamf: float = 1.0
 
 
-# The point estimate is calibrated on the public H100 rows (../shared/gpu-truth/h100.csv, 15 training runs of 7
+# The point estimate is calibrated on the public H100 rows (benchmarks/gpu-truth/h100.csv, 15 training runs of 7
 # models): real = k_compute × (matmul + attention + conv time) + k_memory × (memory-bound time) + launches, fitted
 # by least squares on relative error, gives k_compute 1.082 and k_memory 1.395 (benchmarks/gpu_truth.py --fit
 # prints them and the leave-one-out errors, each row predicted by the fit of the other 14: 15 of 15 within 15 %,
