@@ -168,3 +168,22 @@ def test_sheet_sized_per_shape_equals_offer_by_offer(tmp_path):
                                                                             rel_tol=1e-12), (o.id, key)
             else:
                 assert have == value, (o.id, key, have, value)
+
+
+def test_a_stated_micro_batch_is_the_one_planned(tmp_path):
+    """A recipe run as micro-batch 1 × accumulation 16 (the spec says micro_batch: 1) is planned so on every offer,
+    with the larger micro-batch that would fit said beside it, not silently replaced by it."""
+    ledger = standard_ledger(tmp_path / "l.db")
+    free = make_plan(load_campaign_text(campaign_yaml(), "t"), read_lines(ledger), load_catalog(), 0.10).sheet
+    stated = make_plan(load_campaign_text(campaign_yaml(micro_batch=1), "t"), read_lines(ledger), load_catalog(),
+                       0.10).sheet
+    assert (free["micro_batch"] > 1).any()  # left free, the planner picks larger ones
+    fits = stated[stated["verdict"] != NO_FIT]
+    assert len(fits) and (fits["micro_batch"] == 1).all()
+    assert (fits["micro_batch"] * fits["grad_accum"] * fits["replicas"] == 16).all()
+    roomy = fits[fits["max_micro_batch"] > 1]
+    assert len(roomy) and roomy["notes"].str.contains("micro-batch 1 as the campaign states; up to").all()
+    # a single update of micro-batch 1 takes no less time than one of the largest micro-batch that fits
+    both = free.merge(stated, on=["offer"], suffixes=("_free", "_stated"))
+    both = both[(both["verdict_free"] != NO_FIT) & (both["verdict_stated"] != NO_FIT)]
+    assert (both["update_s_high_stated"] >= both["update_s_high_free"] * 0.999).all()

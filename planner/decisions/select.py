@@ -370,8 +370,11 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
 
     def plan_for(replicas: int) -> dict:
         """The largest micro-batch that fits with the headroom, else the largest that fits at all (tight), else the
-        smallest; a DDP rank's buckets and NCCL buffers can make a smaller micro-batch than one process's fit."""
+        smallest; a DDP rank's buckets and NCCL buffers can make a smaller micro-batch than one process's fit.
+        A campaign that states its micro-batch is planned at it (a recipe run as 1 × accumulation 4 stays so)."""
         share = campaign.effective_batch // replicas if campaign.effective_batch % replicas == 0 else 0
+        if fixed:
+            return stated(replicas, share)
         sizes = [mb for mb in range(min(max(max_mb, 1), share or 1), 0, -1) if share and share % mb == 0] or [1]
         tight = None
         for mb in sizes:
@@ -382,6 +385,18 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
                 tight = plan
         return tight or plan_at(replicas, sizes[-1])
 
+    def stated(replicas: int, share: int) -> dict:
+        if not share or share % fixed:  # no whole accumulation at the stated micro-batch over these replicas
+            return {**plan_at(1, fixed), "replicas": replicas, "verdict": NO_FIT, "notes": [
+                f"micro-batch {fixed} (as the campaign states) does not divide the effective batch "
+                f"{campaign.effective_batch} over {replicas} replicas"]}
+        plan = plan_at(replicas, fixed)
+        if max_mb > fixed and plan["verdict"] != NO_FIT:
+            plan["notes"].append(f"micro-batch {fixed} as the campaign states; up to {max_mb} fits here (fewer "
+                                 "accumulation steps per update: often faster, so cheaper)")
+        return plan
+
+    fixed = campaign.micro_batch
     one = plan_for(1)
     if gpus == 1:
         return {**one, "kind": "single", "label": "single",
@@ -406,8 +421,8 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
                        f"{gpus - 1} of {gpus} GPUs would idle"}
     if ddp["verdict"] != NO_FIT:  # the effective batch cannot be split: one replica
         return {**ddp, "kind": "single", "label": "single", "why": "single GPU: the effective batch does not split"}
-    fsdp = fsdp_plan(campaign, fam, one_ctx + NCCL_BYTES, usable, headroom, gpus, catalog, seq, max(max_mb, 1),
-                     sharded)
+    fsdp = fsdp_plan(campaign, fam, one_ctx + NCCL_BYTES, usable, headroom, gpus, catalog, seq,
+                     fixed or max(max_mb, 1), sharded)
     if fsdp is not None:
         if one["verdict"] != NO_FIT:  # one process fits; a DDP replica (+ buckets, NCCL) does not
             fsdp["why"] = (f"FSDP × {fsdp['replicas']}: one process fits a GPU of {usable / 2**30:.0f} GiB but a DDP "
@@ -547,7 +562,8 @@ def fsdp_plan(campaign, fam: FamilyModels, ctx: float, usable: float, headroom: 
     states = model_state_bytes(fam, catalog.fragmentation_factor)
     eval_mb_fixed, eval_seq = campaign.eval.micro_batch, campaign.eval.seq_len
     share = campaign.effective_batch // n
-    for mb in (m for m in range(min(share, mb_limit), 0, -1) if share % m == 0):
+    stated = campaign.micro_batch  # a stated micro-batch is the only one tried
+    for mb in (m for m in range(min(share, mb_limit), 0, -1) if share % m == 0 and m == (stated or m)):
         eval_mb = eval_mb_fixed or mb
         if sharded is not None:
             need = sharded.need(mb, seq, eval_mb, eval_seq)
