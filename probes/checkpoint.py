@@ -4,6 +4,7 @@ weights_only=True (plus DCP shards under FSDP), and the weights to ship as safet
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 
@@ -56,16 +57,19 @@ FINGERPRINT_SAMPLES = 1024
 
 
 def frozen_names(model) -> list[str]:
-    """The parameters that do not train (a LoRA/QLoRA base, a frozen backbone)."""
-    return [n for n, p in model.named_parameters() if not p.requires_grad]
+    """The parameters that do not train (a LoRA/QLoRA base, a frozen backbone), under every name they have (a tied
+    embedding is also the head's weight: named_parameters lists a shared tensor once unless asked)."""
+    return [n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad]
 
 
 def _frozen_entries(model, model_state: dict, frozen: list[str]) -> set[str]:
     """The state-dict entries of the frozen base: its parameters, and the extra state of the modules that own them
-    (a quantized layer's absmax, quant maps, SCB, weight_format), which never changes in training. Buffers stay
-    (a frozen backbone's batch-norm statistics still move)."""
-    modules = {name for name, _ in model.named_modules()}
-    buffers = {name for name, _ in model.named_buffers()}
+    (a quantized layer's absmax, quant maps, SCB, weight_format), which never changes in training. A trained
+    parameter (a bias beside a frozen weight: BitFit, peft's bias="lora_only") and every buffer (a frozen
+    backbone's batch-norm statistics still move) stay."""
+    modules = {name for name, _ in model.named_modules(remove_duplicate=False)}
+    kept = {n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+    kept |= {n for n, _ in model.named_buffers(remove_duplicate=False)}
     owners = {name.rpartition(".")[0] for name in frozen}
 
     def owner(key: str) -> str:
@@ -73,21 +77,28 @@ def _frozen_entries(model, model_state: dict, frozen: list[str]) -> set[str]:
         return next((p for p in (".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)) if p in modules), "")
 
     names = set(frozen)
-    return {k for k in model_state if k in names or (k not in buffers and owner(k) in owners)}
+    return {k for k in model_state if k in names or (k not in kept and owner(k) in owners)}
 
 
-def fingerprint(trainer, names: list[str]) -> list[float] | None:
-    """A few values of each frozen parameter (an even sample, summed): enough to tell the base a resume rebuilt from
-    another (other weights, another seed), at no memory cost. None under fake tensors (no values)."""
+FINGERPRINT_CHUNK = 1 << 24  # elements summed at a time: at most 128 MiB of float64 beside the weights
+
+
+def fingerprint(trainer, names: list[str]) -> list[list[float]] | None:
+    """Two figures per frozen parameter: the sum of every element (in chunks, float64), which a change anywhere
+    moves, and an even sample weighted by position, which a permutation moves. Enough to tell the base a resume
+    rebuilt from another (other weights, another seed, rows reordered). None under fake tensors (no values)."""
     if trainer.fake:
         return None
-    params = dict(trainer.model.named_parameters())
+    params = dict(trainer.model.named_parameters(remove_duplicate=False))
     out = []
     with torch.no_grad():
         for n in names:
             flat = params[n].detach().reshape(-1)
-            step = max(1, flat.numel() // FINGERPRINT_SAMPLES)
-            out.append(float(flat[::step][:FINGERPRINT_SAMPLES].double().sum()))
+            total = sum(float(flat[i:i + FINGERPRINT_CHUNK].double().sum())
+                        for i in range(0, flat.numel(), FINGERPRINT_CHUNK))
+            sample = flat[::max(1, flat.numel() // FINGERPRINT_SAMPLES)][:FINGERPRINT_SAMPLES].double()
+            weights = torch.arange(1, sample.numel() + 1, dtype=torch.float64, device=sample.device)
+            out.append([total, float((sample * weights).sum())])
     return out
 
 
@@ -265,8 +276,9 @@ def check_frozen_base(trainer, frozen: dict) -> None:
     if frozen_names(trainer.model) != frozen["params"]:
         raise ResumeError("the model built for resume freezes other parameters than the checkpoint's run did")
     want, got = frozen.get("fingerprint"), fingerprint(trainer, frozen["params"])
-    if want is not None and got is not None and want != got:
-        bad = next(n for n, a, b in zip(frozen["params"], want, got) if a != b)
+    same = lambda a, b: all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9) for x, y in zip(a, b))  # noqa: E731
+    if want is not None and got is not None and not all(same(a, b) for a, b in zip(want, got)):
+        bad = next(n for n, a, b in zip(frozen["params"], want, got) if not same(a, b))
         raise ResumeError(f"the frozen base build_model made differs from the one this checkpoint trained on (first at "
                           f"{bad}); the checkpoint holds only what trains, so build_model must make the same base: "
                           "load it from its files, or seed its initialisation")

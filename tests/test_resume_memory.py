@@ -83,3 +83,35 @@ def test_a_lora_resume_on_another_base_is_refused(tmp_path):
     other = Trainer(workload, cfg, torch.device("cpu"))
     with pytest.raises(ResumeError, match="frozen base build_model made differs"):
         checkpoint.load(other, path)
+    torch.manual_seed(0)  # the same base with one frozen weight's rows reordered: its sum is the same
+    shuffled = Trainer(workload, cfg, torch.device("cpu"))
+    name, weight = next((n, p) for n, p in shuffled.model.named_parameters() if not p.requires_grad and p.dim() == 2)
+    with torch.no_grad():
+        weight.copy_(weight.flip(0))
+    with pytest.raises(ResumeError, match="first at"):
+        checkpoint.load(shuffled, path)
+
+
+def test_trained_tensors_beside_frozen_ones_are_kept_and_resume_exactly(tmp_path):
+    """BitFit (and peft's bias="lora_only"): a trained bias in a module whose weight is frozen is in the checkpoint,
+    and resume is exact."""
+    from planner.cli import cli
+    from tests.conftest import WORKLOADS
+
+    r = CliRunner().invoke(cli, ["resume-check", "-w", f"{WORKLOADS}:bitfit", *[x for k, v in TINY.items()
+                                 for x in ("-p", f"{k}={v}")], "--seq-len", "16", "--grad-accum", "2", "--at", "3",
+                                 "--at-micro", "1", "--updates", "5"], catch_exceptions=False)
+    assert r.exit_code == 0 and "resume is exact" in r.output, r.output
+
+
+def test_a_tied_frozen_embedding_is_left_out_under_both_names(tmp_path):
+    """A LoRA model whose head shares the frozen embedding's tensor (Llama-3.2-1B, gemma, GPT-2): the head's name
+    for it is left out too, not 60 % of the weights written at every save."""
+    import transformers
+
+    path = tmp_path / "tied"
+    transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=4096, max_position_embeddings=256,
+                             tie_word_embeddings=True, architectures=["LlamaForCausalLM"]).save_pretrained(path)
+    df = run(tmp_path, "probe", f"hf:{path}", {"lora": LORA})
+    assert int(df.loc["save", "checkpoint_bytes"]) < 0.25 * int(df.loc["setup", "param_bytes"])

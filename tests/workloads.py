@@ -442,3 +442,18 @@ def tf32_new_api(where: str = "matmul", **kw):
     else:
         torch.backends.fp32_precision = "tf32"
     return _Wrapped(**kw)
+
+
+def bitfit(**kw):
+    """A gpt that trains only its biases (BitFit): every module with a bias owns a frozen weight beside it."""
+    w = _Wrapped(**kw)
+    build = w.build_model
+
+    def build_model():
+        model = build()
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.endswith("bias"))
+        return model
+
+    w.build_model = build_model
+    return w
