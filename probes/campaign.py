@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -294,7 +295,7 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
                 event("finished", trainer.update, f"model sha256 {sha256(model_path)}")
             return run_id, "diverged" if diverged_at else "finished"
         except KeyboardInterrupt:
-            event("interrupted", 0, "interrupted (Ctrl-C)")
+            event("interrupted", 0, "interrupted (Ctrl-C or SIGTERM)")
             raise
         except Exception as e:  # noqa: BLE001  the run stays in the ledger, marked
             event("error", 0, last_line(e))
@@ -389,7 +390,7 @@ def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] |
                  device: str, updates: int | None, strategy: str, say=print, echo=print) -> list[str]:
     """`rentplan campaign run`: the device's start-up once (recorded, billed to no variant), then every variant by
     priority and each of its seeds; returns the outcomes. say: progress; echo: one result line per run."""
-    from probes.runner import clean_stale_temporaries
+    from probes.runner import clean_stale_temporaries, sigterm_as_interrupt
 
     rank, world = world_of()
     if rank == 0:  # an output folder or a ledger that cannot be written (a full disk, a read-only folder, a foreign
@@ -402,6 +403,17 @@ def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] |
     for run_dir in (p for p in Path(out).glob("c-*") if rank == 0 and p.is_dir() and not p.is_symlink()):
         for name in clean_stale_temporaries(run_dir):
             say(f"removed {run_dir.name}/{name}: a half-written export of a run that was killed")
+    # SIGTERM (a spot machine's preemption, a job cancelled) ends a run as Ctrl-C does: its run reads "interrupted",
+    # not "running or crashed"; the handler is this command's only while it runs
+    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
+    try:
+        return _run_variants(campaign, variants, seeds, ledger_path, out, device, updates, strategy, say, echo)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_variants(campaign, variants, seeds, ledger_path, out, device, updates, strategy, say, echo) -> list[str]:
+    rank, world = world_of()
     start_up = device_start_up(device)
     say(f"start-up: {device} ready in {start_up:.2f} s (recorded with each run, not billed to any variant)"
         + (f"; {world} processes, {strategy}" if world > 1 else ""))

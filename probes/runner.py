@@ -342,7 +342,7 @@ def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: 
     for name in clean_stale_temporaries(tempfile.gettempdir()):
         progress(f"removed {name}: temporary checkpoints of a probe that was killed")
     workdir = workdir or tempfile.mkdtemp(prefix=f"rentplan-pilot-{os.getpid()}-")
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     try:
         with Ledger(ledger_path) as ledger:
             status = ledger.run_status()
@@ -637,7 +637,8 @@ def _run_config_ranks(cfg, workdir, run_id, probe_id, timeout_s, tag, progress, 
     return True
 
 
-def _sigterm_as_interrupt(signum, frame):
+def sigterm_as_interrupt(signum, frame):
+    """SIGTERM (preemption, a cancelled job) handled as Ctrl-C: what is in flight is marked interrupted."""
     raise KeyboardInterrupt
 
 

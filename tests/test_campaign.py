@@ -174,3 +174,46 @@ def test_the_report_reads_at_1200_px_with_short_ids_linear_axes_and_one_legend(c
     assert "10^" not in svg and "×10" not in svg and "10<sup>" not in svg  # no log ticks
     assert "off the top of the axis (▲): lr-double (lr 10000) reached" in html
     assert layout_problems(page, tmp_path, 1200, max_cell_lines=6) == []
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_campaign_run_as_ctrl_c_does(tmp_path):
+    """What a spot machine's preemption or a cancelled job sends: the run in flight reads "interrupted" (as after
+    Ctrl-C), not "running or crashed", and the command exits 130 with its word on stderr."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from planner.ledger import Ledger
+    from tests.conftest import ROOT, TINY, WORKLOADS
+
+    spec = tmp_path / "c.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "c", "workload": f"{WORKLOADS}:die_in", "params": {**TINY, "phase_split": "train", "how": "hang"},
+        "precision": "fp32", "seq_len": 8, "effective_batch": 2, "updates": 4,
+        "eval": {"every_updates": 2, "examples": 2, "seq_len": 8}, "setup_hours": 0.1,
+        "variants": [{"id": "control", "lr": 1e-3, "priority": 1}]}))
+    ledger = tmp_path / "l.db"
+    proc = subprocess.Popen([sys.executable, "-m", "planner", "campaign", "run", str(spec), "--ledger", str(ledger),
+                             "--out", str(tmp_path / "runs")], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def events():
+        if not ledger.exists():
+            return []
+        with Ledger(str(ledger), create=False) as led:
+            return list(led.table("campaign_events")["event"])
+
+    deadline = time.monotonic() + 90
+    while "started" not in events() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    time.sleep(1.0)  # inside the first update, which hangs
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "Interrupted" in err
+    assert events() == ["started", "interrupted"]
