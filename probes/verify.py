@@ -7,7 +7,6 @@ compares its peak and update time with the plan. Ends with adopt / do not adopt 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import tempfile
@@ -106,12 +105,25 @@ def software_checks(order: dict) -> list[dict]:
     except WorkloadError as e:
         checks.append(_check("workload", False, str(e)))
     packages = stack["packages"]
-    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    found = {p: installed_version(p) for p in packages}
+    missing = [p for p, v in found.items() if v is None]
     extras = ",".join(stack["extras"])
     checks.append(_check("packages", not missing,
                          f"missing: {', '.join(missing)} (pip install 'rentplan[{extras}]')" if missing else
-                         "all importable: " + ", ".join(packages)))
+                         "installed: " + ", ".join(f"{p} {v}" for p, v in found.items())))
     return checks
+
+
+def installed_version(name: str) -> str | None:
+    """The installed distribution's version for a package name, from its metadata alone: nothing is imported or
+    run (importlib.util.find_spec("a.b") imports a, and finds a folder on PYTHONPATH that nothing installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except (metadata.PackageNotFoundError, ValueError):
+        dists = metadata.packages_distributions().get(name)  # an import name whose distribution differs (yaml)
+        return metadata.version(dists[0]) if dists else None
 
 
 def pilot_checks(order: dict, device: str, ledger_path: str | None, progress) -> list[dict]:

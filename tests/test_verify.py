@@ -139,3 +139,23 @@ def test_order_from_this_machines_cpu_pilot_is_adopted(tmp_path):
     assert again.exit_code == 0, again.output
     assert f"pilot needs {said} GiB" in again.output and "[ok  ] pilot: all phases ok" in again.output
     assert len(read_lines(checked)) == len(lines)
+
+
+def test_a_listed_package_is_looked_up_never_imported(order, monkeypatch):
+    """order.json names a package as sky.yaml's run block would find it (PYTHONPATH=$PWD, a folder beside the
+    order): verify reads installed distributions' metadata, so the folder's code never runs and it is not 'there'."""
+    root = order.parent.parent
+    (root / "evilpkg").mkdir()
+    (root / "evilpkg" / "__init__.py").write_text("import pathlib\npathlib.Path('EVIL_RAN').write_text('x')\n")
+    (root / "evilpkg" / "sub.py").write_text("")
+    monkeypatch.syspath_prepend(str(root))
+    doc = json.loads(order.read_text())
+    doc["stack"]["packages"] += ["evilpkg.sub", "evilpkg"]
+    order.write_text(json.dumps(doc))
+    r = CliRunner().invoke(cli, ["verify", str(order), "--skip-pilot"])
+    assert "[FAIL] packages: missing: evilpkg.sub, evilpkg" in r.output, r.output
+    assert not (root / "EVIL_RAN").exists()
+    doc["stack"]["packages"] = ["torch", "safetensors", "yaml"]  # an import name whose distribution is PyYAML
+    order.write_text(json.dumps(doc))
+    r = CliRunner().invoke(cli, ["verify", str(order), "--skip-pilot"])
+    assert "[ok  ] packages: installed: torch " in r.output and "yaml 6." in r.output, r.output
