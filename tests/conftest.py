@@ -24,6 +24,7 @@ def start_hung_pilot(command: str, ledger: str, lines: int, *extra: str):
     import subprocess
     import time
 
+    from planner.errors import LedgerError
     from planner.ledger import read_lines
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -32,8 +33,15 @@ def start_hung_pilot(command: str, ledger: str, lines: int, *extra: str):
             "--seq-len", "16", *extra]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
+
+    def written() -> int:
+        try:
+            return len(read_lines(ledger)) if os.path.exists(ledger) else 0
+        except LedgerError:  # the probe is creating it: the file exists before its tables do
+            return 0
+
     while time.monotonic() < deadline:
-        if os.path.exists(ledger) and len(read_lines(ledger)) >= lines:
+        if written() >= lines:
             break
         time.sleep(0.2)
     time.sleep(0.5)

@@ -23,6 +23,7 @@ def rentplan(*args, cwd):
 
 
 @pytest.mark.parametrize("command", [["inspect"], ["probe", "--micro-batch", "1", "--seq-len", "8", "--ledger", "l.db"]])
+@pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
 def test_a_workload_that_forks_at_import_gets_an_error_and_leaves_no_process(tmp_path, command):
     """User: forky.py forks at import (the child sleeps 120 s): `probe` exited 0 without a word, and the child,
     a forkserver and a resource tracker outlived it."""

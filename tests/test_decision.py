@@ -28,6 +28,7 @@ def planned(tmp_path, monkeypatch, *extra):
     return r.output
 
 
+@pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
 def test_offer_changes_every_output_together(tmp_path, monkeypatch):
     first = planned(tmp_path, monkeypatch)
     recommended = json.loads((tmp_path / "out" / "order.json").read_text())["offer"]["id"]

@@ -194,6 +194,7 @@ def test_gradient_clipping_takes_the_foreach_kernels_a_real_run_takes(fake):
     assert names.seen.count("linalg_vector_norm") == 1 < n_params  # only the norm of the stacked norms
 
 
+@pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
 def test_device_queries_answered_without_fake_tensor_mode_change_no_figure(tmp_path, monkeypatch):
     """The tracker and the census answer `.device` of a fake tensor themselves (three in four ops an estimate
     dispatches). Every figure of every phase, the census included, must be what the full dispatch gives."""
@@ -224,6 +225,7 @@ print(json.dumps([{p: ln["peak_allocated_bytes"] for p, ln in r.items()} for r i
 """
 
 
+@pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
 def test_a_process_first_estimate_reads_what_its_second_does():
     """An estimate depends only on its workload: the first one in a fresh process (nothing imported lazily yet)
     gives every phase the peak the next one gives (the first export once counted what importing peft made)."""

@@ -116,6 +116,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("ref, params, kw", CASES)
+@pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
 def test_whole_estimates_are_the_same_with_and_without_the_direct_path(tmp_path, monkeypatch, ref, params, kw):
     if ref.endswith("hf_from_config"):
         pytest.importorskip("transformers")

@@ -42,6 +42,7 @@ def test_tiny_llama_probes_through_all_phases(tmp_path, llama):
     assert list(df["phase"]) == list(PHASES) and (df["verdict"] == "ok").all(), df[["phase", "detail"]]
 
 
+@pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
 def test_an_estimated_lora_export_is_the_adapter_as_a_measured_one_is(tmp_path, llama):
     """User: a tiny Llama with --lora measured an export of 116,712 bytes (the adapter) and estimated one of
     28,500,992 ("weights size"): the sheet then timed a QLoRA export of 5.36 GiB instead of tens of MB."""

@@ -165,6 +165,7 @@ def assert_sky_yaml_is_data(path: Path, out: str) -> None:
                                    "~/rentplan": str(ROOT)}
 
 
+@pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
 def test_a_name_with_a_newline_is_refused_and_a_shell_word_stays_data(tmp_path, monkeypatch):
     root = user_project(tmp_path / "p")
     spec = yaml.safe_load((root / "campaign.yaml").read_text())
@@ -222,6 +223,7 @@ def test_module_workloads_sibling_modules_and_ignored_files_in_folders_all_arriv
     assert r.exit_code == 1 and "params.data" in r.output and "nowhere.txt does not exist" in r.output
 
 
+@pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
 def test_a_workload_module_outside_the_launch_folder_is_refused(tmp_path, monkeypatch):
     """A helper found: a package.module workload planned from another folder wrote a sky.yaml whose verify could
     not import it on the machine."""

@@ -104,6 +104,7 @@ def test_cap_below_need_is_oom_not_crash(tmp_path):
     assert "CPU cap exceeded" in next(line["detail"] for line in lines.values() if line["verdict"] == "oom")
 
 
+@pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
 def test_cap_follows_cudas_caching_allocator_not_the_allocated_bytes(tmp_path):
     """`rentplan probe --cap SIZE` on a CPU: a cap above the run's allocated peak but below what CUDA's caching
     allocator would reserve for the same allocations is an OOM, as set_per_process_memory_fraction makes it on

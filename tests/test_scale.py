@@ -47,6 +47,7 @@ def plan(tmp_path, catalog, *extra):
     return pd.read_csv(tmp_path / "out" / "selection.csv")
 
 
+@pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
 def test_the_sheet_keeps_the_cheapest_offer_per_market_and_all_offers_writes_the_rest(tmp_path):
     catalog, base = grown_catalog(tmp_path / "big.yaml")
     sheet = plan(tmp_path, catalog, "--all-offers")
@@ -74,6 +75,7 @@ def test_an_ordered_dearer_offer_stays_on_the_sheet(tmp_path):
     assert sheet.set_index("offer").loc["vast-rtx_4090-1x-eu-west-1-2", "ordered"]
 
 
+@pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
 def test_a_json_catalog_plans_as_its_yaml_twin(tmp_path):
     y, _ = grown_catalog(tmp_path / "big.yaml", copies=1)
     j, _ = grown_catalog(tmp_path / "big.json", copies=1, as_json=True)
