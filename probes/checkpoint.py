@@ -118,7 +118,9 @@ def trained_weights(trainer) -> tuple[dict, dict | None]:
 
 def training_state(trainer) -> dict:
     rng = rng_state(trainer)
-    model_state, frozen = trained_weights(trainer)
+    # FSDP: the model goes to DCP shards (save() drops this entry; an estimate sizes it from here), and its sharded
+    # parameters are not read whole for a fingerprint
+    model_state, frozen = (weights(trainer), None) if trainer.cfg.strategy == "fsdp" else trained_weights(trainer)
     return {
         "format": "rentplan-checkpoint/1",
         "model": model_state,

@@ -42,21 +42,21 @@ def _warm_estimates() -> None:
         probes.pilot.Pilot(cfg, tmp, lambda kind, payload: None, "r-warm", "p-warm").run(PHASES)
 
 
+# torch.backends.cuda.is_built() reads a build flag: it asks the driver nothing.
+CPU_ONLY_BUILD = not torch.backends.cuda.is_built()
+
 # Everything imported lives as long as the process: keep it out of the collector's scans, so the gc.collect()
 # at every phase boundary costs milliseconds rather than a fifth of a second (the warm-up's seven included).
-# torch.backends.cuda.is_built() reads a build flag: it asks the driver nothing.
-ASKS_NO_DEVICE = not torch.backends.cuda.is_built()
-
-if not ASKS_NO_DEVICE:  # what the estimate's warm-up would import, without entering FakeTensorMode
+gc.collect()
+gc.freeze()
+if CPU_ONLY_BUILD:
+    _warm()
+    _warm_estimates()
+else:  # what the estimate's warm-up would import, without entering FakeTensorMode
     import torch._subclasses.fake_tensor  # noqa: F401
     import torch.fx.experimental.symbolic_shapes  # noqa: F401
 
     import probes.census  # noqa: F401
     import probes.fake  # noqa: F401
-gc.collect()
-gc.freeze()
-if ASKS_NO_DEVICE:
-    _warm()
-    _warm_estimates()
 gc.collect()
 gc.freeze()

@@ -187,3 +187,16 @@ def test_a_stated_micro_batch_is_the_one_planned(tmp_path):
     both = free.merge(stated, on=["offer"], suffixes=("_free", "_stated"))
     both = both[(both["verdict_free"] != NO_FIT) & (both["verdict_stated"] != NO_FIT)]
     assert (both["update_s_high_stated"] >= both["update_s_high_free"] * 0.999).all()
+
+
+def test_a_stated_micro_batch_splits_over_the_replicas_it_fills(tmp_path):
+    """Effective batch 16 at a stated micro-batch of 4 on an 8-GPU offer: 4 replicas of one window each (4 GPUs idle,
+    said), not 'does not fit' because 8 replicas would need micro-batch 2."""
+    ledger = standard_ledger(tmp_path / "l.db")
+    sheet = make_plan(load_campaign_text(campaign_yaml(micro_batch=4), "t"), read_lines(ledger), load_catalog(),
+                      0.10).sheet
+    eight = sheet[(sheet["gpu"] == "h100_sxm") & (sheet["gpus_per_instance"] == 8)].iloc[0]
+    one = sheet[(sheet["gpu"] == "h100_sxm") & (sheet["gpus_per_instance"] == 1)].iloc[0]
+    assert one["verdict"] != NO_FIT and eight["verdict"] != NO_FIT, eight[["verdict", "notes", "strategy_why"]]
+    assert eight["micro_batch"] == 4 and eight["micro_batch"] * eight["grad_accum"] * eight["replicas"] == 16
+    assert eight["replicas"] in (1, 4)

@@ -402,7 +402,8 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
         return {**one, "kind": "single", "label": "single",
                 "why": "one GPU per instance" + ("" if one["verdict"] != NO_FIT else
                                                  "; it does not hold the model states and an example")}
-    replicas = max(r for r in range(1, gpus + 1) if campaign.effective_batch % r == 0)
+    # as many replicas as split the effective batch (at a stated micro-batch, into whole windows of it)
+    replicas = max(r for r in range(1, gpus + 1) if campaign.effective_batch % (r * (fixed or 1)) == 0)
     ddp = plan_for(replicas)
     if replicas < gpus:
         ddp["notes"].append(f"{gpus - replicas} of {gpus} GPUs idle: effective batch {campaign.effective_batch} "

@@ -7,8 +7,8 @@ the point estimate and the slow end; plans use the slow end.
 
 Peaks: bf16/fp16 from the catalog's dense tensor-core figures; fp32 matmuls run on the non-tensor fp32 peak
 unless the workload enabled TF32 (torch.backends.cuda.matmul.allow_tf32 is False by default since 1.12;
-the census reads torch.backends.cuda.matmul.fp32_precision, which answers either API, and records it under
-the legacy name: "highest" = no TF32); fp32 convolutions run on the
+the census reads whichever of the legacy and fp32_precision APIs is in force, probes/census.precision_flags, and
+records the legacy name: "highest" = no TF32); fp32 convolutions run on the
 TF32 tensor-core peak, as cuDNN does by default (torch.backends.cudnn.allow_tf32 is True; PyTorch's
 docs/source/notes/cuda.rst, "TensorFloat-32 (TF32) on Ampere (and later) devices"; the census records it).
 
