@@ -14,7 +14,7 @@ import difflib
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints, ValidationError
 
 from planner.inputs.yamlsafe import Problems
 from planner.records import canonical_precision
@@ -256,16 +256,25 @@ def _listed(pattern: str, what: str, allowed: tuple[str, ...] | None = None):
 
 def order_models(device_kinds: tuple[str, ...], precisions, optimizers, extras: tuple[str, ...], module: str,
                  torch_requirement: str, format_name: str):
+    """order.json's objects, each with every key `plan` writes (planner/outputs/orders.order_document) and no other:
+    a hand-edited key (`stack.pakages`, a `settings.lr` verify would never read) is refused by its path."""
     Count = Whole(positive=True, maximum=1 << 20)
+    Text = Label | None
+    Note = Annotated[str, StringConstraints(max_length=20_000)] | None  # a basis: a sentence or two, read by people
 
-    class ExpectEntry(Open):
+    class ExpectEntry(Entry):
         device_kind: Choice(device_kinds)
-        gpu_id: Label | None = None
-        gpu_name: Label | None = None
+        gpu_id: Text = None
+        gpu_name: Text = None
         usable_bytes: Number(positive=True, maximum=2**50) | None = None
         gpus: Whole(positive=True, allow_zero=True, maximum=4096) | None = None
+        compute_capability: Text = None
+        bf16: Flag | None = None
+        fp8: Flag | None = None
+        min_cuda: Text = None
+        torch: Text = None
 
-    class SettingsEntry(Open):
+    class SettingsEntry(Entry):
         workload: Label
         params: dict[str, Any]
         precision: Choice(precisions, canonical=canonical_precision)
@@ -276,29 +285,61 @@ def order_models(device_kinds: tuple[str, ...], precisions, optimizers, extras: 
         seq_len: Count
         eval_micro_batch: Count
         eval_seq_len: Count
+        replicas: Count | None = None
+        strategy: Text = None
+        strategy_label: Note = None
 
-    class PlanEntry(Open):
+    class PlanEntry(Entry):
         need_bytes: Number(positive=True, maximum=2**60)
         update_s_low: Number(positive=True) | None = None
         update_s_high: Number(positive=True) | None = None
+        update_s_point: Number(positive=True) | None = None
+        need_phase: Text = None
+        need_basis: Note = None
+        context_bytes: Number(positive=True, allow_zero=True, maximum=2**60) | None = None
+        context_basis: Note = None
+        workspace_bytes: Number(positive=True, allow_zero=True, maximum=2**60) | None = None
+        headroom: Number(positive=True, allow_zero=True, maximum=1) | None = None
+        run_ids: Note | list[Label] = None
+        time_basis: Note = None
 
-    class StackEntry(Open):
+    class StackEntry(Entry):
         torch_build: Choice(device_kinds)
         torch_requirement: Annotated[str, _matching(torch_requirement, "like 'torch==2.13.0'")]
         extras: _listed(r".+", f"a list of rentplan extras ({', '.join(extras)})", extras)
         packages: _listed(module, 'a list of module names like ["torch", "safetensors"]')
 
-    class OfferRef(Open):
+    class OfferRef(Entry):
         id: Ident | None = None
+        provider: Text = None
+        instance: Text = None
+        gpus_per_instance: Whole(positive=True, allow_zero=True, maximum=64) | None = None
+        nodes: Whole(positive=True, maximum=4096) | None = None
+        spot: Flag | None = None
+        region: Text = None
+        network: Text = None
+        price_per_instance_hour_usd: Number(positive=True, allow_zero=True) | None = None
+        price_per_hour_usd: Number(positive=True, allow_zero=True) | None = None
+        as_of: Text = None
+        source: Text = None
 
-    class OrderEntry(Open):
+    class DecisionEntry(Entry):
+        chosen_by: Text = None
+        recommended: Text = None
+        verdict: Text = None
+        not_modelled: Any = None
+
+    class OrderEntry(Entry):
         format: Annotated[str, _matching(re.escape(format_name), f"{format_name!r}: not a rentplan order")]
         expect: ExpectEntry
         settings: SettingsEntry
         plan: PlanEntry
         stack: StackEntry
-        campaign: Label | None = None
+        campaign: Text = None
         offer: OfferRef | None = None
+        generated_at: Text = None
+        provenance: list[dict[str, Any]] | None = None
+        decision: DecisionEntry | None = None
 
     return OrderEntry
 
