@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints, ValidationError
@@ -134,15 +135,32 @@ def validate(model: type[Entry], data: Any, p: Problems, path: str) -> Entry | N
         return None
 
 
+def _model_at(model: type[Entry], loc) -> type[Entry]:
+    """The entry model at a key path (the nested one an unknown key sits in)."""
+    for part in loc:
+        if isinstance(part, int) or part not in model.model_fields:
+            continue  # a list index: the same item model
+        inner = _entry_in(model.model_fields[part].annotation)
+        if inner is None:
+            break
+        model = inner
+    return model
+
+
+def _entry_in(annotation):
+    if isinstance(annotation, type) and issubclass(annotation, Entry):
+        return annotation
+    return next((m for a in typing.get_args(annotation) if (m := _entry_in(a))), None)
+
+
 def _message(err: dict, model: type[Entry]) -> str:
     kind = err["type"]
     if kind == "missing":
         return "missing"
     if kind == "extra_forbidden":
-        key = str(err["loc"][-1])
-        hint = difflib.get_close_matches(key, list(model.model_fields), n=1)
-        return "unknown key" + (f" (did you mean {hint[0]!r}?)" if hint else
-                                f" (allowed: {', '.join(sorted(model.model_fields))})")
+        key, fields = str(err["loc"][-1]), list(_model_at(model, err["loc"][:-1]).model_fields)
+        hint = difflib.get_close_matches(key, fields, n=1)
+        return "unknown key" + (f" (did you mean {hint[0]!r}?)" if hint else f" (allowed: {', '.join(sorted(fields))})")
     if kind == "value_error":
         return str(err["ctx"]["error"])
     if kind == "literal_error":
