@@ -21,7 +21,7 @@ from typing import Iterable
 import pandas as pd
 
 from planner.errors import LedgerError
-from planner.storage import storage_problem
+from planner.storage import atomic_write, made_or_nothing, storage_problem
 from planner.records import FAILED, LINE_FIELDS, PHASES, Line, Verdict
 
 SCHEMA_VERSION = 2  # 2: campaign_predictions and claims tables
@@ -374,13 +374,13 @@ def export_frame(df: pd.DataFrame, path: Path, fmt: str) -> None:
     """CSV or JSONL, unknown values as empty / null (never NaN)."""
     clean = df.astype(object).where(pd.notna(df), None)
     if fmt == "csv":
-        clean.to_csv(path, index=False)
+        text = clean.to_csv(index=False)
     elif fmt == "jsonl":
-        with open(path, "w") as f:
-            for rec in clean.to_dict(orient="records"):
-                f.write(json.dumps(rec) + "\n")
+        text = "".join(json.dumps(rec) + "\n" for rec in clean.to_dict(orient="records"))
     else:
         raise LedgerError(f"unknown export format {fmt!r}: use csv or jsonl.")
+    with made_or_nothing(path.parent):
+        atomic_write(path, text)
 
 
 __all__ = ["Ledger", "LINE_FIELDS", "new_id", "read_lines", "export_frame", "run_state"]

@@ -4,6 +4,9 @@ folder is named as such, not blamed on the file being read)."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 FULL_BELOW_BYTES = 1 << 20  # less than this free is a full disk for a ledger line or a checkpoint
@@ -35,3 +38,46 @@ def storage_problem(folder: Path) -> str:
     if free < FULL_BELOW_BYTES:
         return f"the disk holding {folder} is full ({free:,} bytes free)"
     return ""
+
+
+class WriteError(OSError):
+    """A write that failed, naming the file being written (an OSError's filename may be the file read: shutil's
+    copy names its source on ENOSPC)."""
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """`text` replaces `path` in one step, or nothing changes: a failed write (full disk, read-only folder) removes
+    its temporary file and says which file it was writing."""
+    path = Path(path)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
+        os.replace(tmp, path)
+    except BaseException as e:
+        if tmp and os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError) and e.errno is not None:
+            raise WriteError(e.errno, e.strerror, str(path)) from None  # the file asked for, not its temporary
+        raise
+
+
+@contextmanager
+def made_or_nothing(folder: Path):
+    """A folder the command makes for its outputs goes again when the command fails: everything in it is the
+    command's own, half written. A folder that existed before is left as it is (its files are replaced whole)."""
+    folder = Path(folder).absolute()
+    first_new = None
+    while not folder.exists() and folder != folder.parent:
+        first_new, folder = folder, folder.parent
+    try:
+        yield
+    except BaseException:
+        if first_new is not None and first_new.is_dir():
+            shutil.rmtree(first_new, ignore_errors=True)
+        raise

@@ -68,3 +68,38 @@ def test_a_failing_command_leaves_the_folder_as_it_found_it(folder, args):
     assert r.exit_code != 0, r.output
     assert "Error:" in r.output and "Traceback" not in r.output, r.output
     assert listing(folder) == before, r.output
+
+
+FULL = (28, "No space left on device")  # errno.ENOSPC
+READ_ONLY = (30, "Read-only file system")  # errno.EROFS
+
+
+@pytest.mark.parametrize("fault, says", [
+    (FULL, ["No space left on device", "new/deeper/", "free space on that disk or write elsewhere"]),
+    (READ_ONLY, ["new/deeper/", "is on a read-only file system: write elsewhere"]),
+])
+@pytest.mark.parametrize("args", [
+    ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "new/deeper"],
+    ["ledger", "export", "--ledger", "l.db", "--to", "new/deeper/lines.csv"],
+], ids=["plan --out", "ledger export --to"])
+def test_a_full_or_read_only_disk_is_named_with_the_file_and_leaves_no_folder(folder, monkeypatch, args, fault,
+                                                                            says):
+    """User: `plan --out` onto a full disk errored but left an empty output folder; into a read-only folder it said
+    "Read-only file system while writing. Free space on that disk", with no path and the wrong advice. The disk
+    fails where a real one does: at the file's creation (read-only) or its flush (full)."""
+    import os
+    import tempfile
+
+    before = listing(folder)
+    if fault == READ_ONLY:
+        def refuse(*a, dir=None, **k):
+            raise OSError(*fault, os.path.join(dir or ".", "x.tmp"))
+        monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    else:
+        monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(*fault)))
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 1 and r.output.startswith("Error: ") and "Traceback" not in r.output, r.output
+    for s in says:
+        assert s in r.output, r.output
+    assert "Free space on that disk" not in r.output or fault == FULL
+    assert listing(folder) == before, r.output

@@ -110,6 +110,46 @@ def test_campaign_reads_1e_minus_4_as_a_number(tmp_path):
     assert load_campaign_text(text, "t").variants[0].lr == 1e-4
 
 
+def test_a_number_field_reads_a_number_quoted_or_not_and_only_ascii_digits(tmp_path):
+    """The rule the README states: a number field reads a number written plainly or quoted (updates: '1e1' is 10,
+    lr: '1e-3' is 0.001, !!str 6 is 6); digits of other scripts are refused with the number written out."""
+    from planner.inputs.campaign_spec import load_campaign_text
+
+    text = campaign_yaml().replace("updates: 200", "updates: '1e1'").replace("lr: 0.0001", "lr: '1e-3'")
+    got = load_campaign_text(text.replace("setup_hours: 1", "setup_hours: !!str 2"), "t")
+    assert (got.updates, got.variants[0].lr, got.setup_hours) == (10, 1e-3, 2)
+    camp = write(tmp_path, "c.yaml", campaign_yaml().replace("updates: 200", "updates: \"\uff16\"")
+                 .replace("setup_hours: 1", "setup_hours: \u0668"))
+    assert_error(run("plan", "--campaign", camp, "--ledger", standard_ledger(tmp_path / "l.db")),
+                 "updates: '\uff16' is written with digits other than 0-9: write it as 6",
+                 "setup_hours: '\u0668' is written with digits other than 0-9: write it as 8")
+
+
+@pytest.mark.parametrize("key, reads", [("on", "true"), ("~", "null"), ("1", "the number 1"),
+                                        ("yes", "true"), ("2026-01-02", "a date")])
+def test_a_key_yaml_reads_as_something_else_is_named_as_written_with_its_line(tmp_path, key, reads):
+    """`on:` is YAML 1.1's true, `~:` its null: the spec's key is named as the user wrote it, with its line."""
+    camp = write(tmp_path, "c.yaml", campaign_yaml() + f"{key}: push\n")
+    line = len(campaign_yaml().splitlines()) + 1
+    assert_error(run("plan", "--campaign", camp, "--ledger", standard_ledger(tmp_path / "l.db")),
+                 f"the key {key!r} reads as {reads} in YAML; keys here are names: quote it ('{key}':)",
+                 f"line {line}")
+
+
+@pytest.mark.parametrize("as_of, ok", [("NOTADATE", False), ("2026-13-01", False), ("yesterday", False),
+                                       ("2026-01-21", True), ("2026-05", True), ("before 2025-01-01", True),
+                                       ("unknown (a blog post of 2025)", True)])
+def test_a_catalog_price_date_is_a_date_or_says_it_is_unknown(tmp_path, as_of, ok):
+    doc = catalog_doc()
+    doc["offers"][0]["as_of"] = as_of
+    r = run("catalog", "validate", write(tmp_path, "cat.yaml", yaml.safe_dump(doc)))
+    if ok:
+        assert r.exit_code == 0, r.output
+    else:
+        assert_error(r, "offers[0].as_of", f"{as_of!r} is not a date: write YYYY-MM-DD, YYYY-MM, "
+                                           "'before YYYY-MM-DD' or 'unknown (why)'")
+
+
 def test_missing_ledger_and_unknown_workload_params(tmp_path):
     camp = write(tmp_path, "c.yaml", campaign_yaml())
     assert_error(run("plan", "--campaign", camp, "--ledger", str(tmp_path / "none.db")), "no ledger at")

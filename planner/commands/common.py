@@ -9,6 +9,7 @@ import sys
 import click
 
 from planner.errors import RentplanError
+from planner.storage import WriteError
 from planner.inputs.grid import (GridSpec, checked_device)
 from planner.inputs.grid import spec_from_options as parse_spec
 from planner.outputs.tables import FORMATS
@@ -50,10 +51,15 @@ def friendly_errors(fn):
             raise click.ClickException(f"a file is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
                                        "UTF-8 and run again.") from None
         except OSError as e:  # unreadable input, unwritable output folder, disk full
-            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):  # the disk's fault, not the file named
-                raise click.ClickException(f"{e.strerror} while writing. Free space on that disk, or write "
-                                           "elsewhere (--out / --ledger), then run the same command again.") from None
             where = f"{e.filename}: " if e.filename else ""
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):  # the disk's fault: name the file written, never one read
+                written = e.filename2 or (e.filename if isinstance(e, WriteError) else None)
+                raise click.ClickException(f"{e.strerror} while writing{' ' + written if written else ''}: free "
+                                           "space on that disk or write elsewhere (--out / --to / --ledger), then "
+                                           "run the same command again.") from None
+            if e.errno == errno.EROFS:
+                raise click.ClickException(f"{where}is on a read-only file system: write elsewhere (--out / --to / "
+                                           "--ledger), then run the same command again.") from None
             raise click.ClickException(f"{where}{e.strerror or e}. Check the path and its permissions "
                                        "(nothing was changed)." if not isinstance(e, IsADirectoryError) else
                                        f"{where}is a folder; a file was expected.") from None

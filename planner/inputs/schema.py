@@ -52,6 +52,30 @@ def Whole(**kw):  # noqa: N802
 
 
 Label = Annotated[str, _rule("label")]
+_DATE = re.compile(r"(before )?(\d{4}-\d{2}(-\d{2})?)", re.ASCII)
+
+
+def _price_date(value: Any):
+    """A price's date: YYYY-MM-DD or YYYY-MM (a real one), 'before YYYY-MM-DD', or 'unknown (why)'; YAML's own
+    dates (an unquoted 2026-01-21) as written."""
+    import datetime as dt
+
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    text = value if isinstance(value, str) else ""
+    m = _DATE.fullmatch(text)
+    try:
+        if m and dt.date.fromisoformat(m.group(2) if m.group(3) else m.group(2) + "-01"):
+            return text
+    except ValueError:
+        pass
+    if text == "unknown" or (text.startswith("unknown (") and text.endswith(")")):
+        return _rule("label").func(text)
+    raise ValueError(f"{Problems.show(value)} is not a date: write YYYY-MM-DD, YYYY-MM, 'before YYYY-MM-DD' or "
+                     "'unknown (why)'")
+
+
+PriceDate = Annotated[str, BeforeValidator(_price_date)]
 Ident = Annotated[str, _rule("ident")]
 Flag = Annotated[bool, _rule("boolean")]
 ComputeCapability = Annotated[str, _matching(r"[0-9]{1,2}\.[0-9]", "a compute capability like '8.0'")]
@@ -102,7 +126,7 @@ class OfferEntry(Entry):
     gpus_per_instance: Whole(positive=True, maximum=64)
     price_per_instance_hour_usd: Number(positive=True, minimum=1e-4, maximum=10_000)
     spot: Flag
-    as_of: Label
+    as_of: PriceDate
     source: Label
     billing_minimum_hours: Number(positive=True, allow_zero=True, maximum=8760) = 0.0
     instance: Label | None = None

@@ -35,13 +35,15 @@ MAX_DEPTH = 100  # no file here needs more than a few levels; deeper is said as 
 _PLAIN_TAGS = (None, "!")
 
 
-def _load(text: str) -> Any:
+def _load(text: str, string_keys: bool = False) -> Any:
     """The document built straight from libyaml's events (its C parser), not through PyYAML's composer and
     constructor: 4 × faster on a 20,000-offer catalog (about 1.2 s instead of 5 s), with the same refusals:
     duplicate and non-scalar keys, anchors and aliases (YAML bombs), unsafe tags, deep nesting. Plain scalars are
     typed by the SafeLoader's own resolver and constructors (YAML 1.1: int, float, bool, null, timestamps), once
     per distinct spelling; quoted ones are strings; an explicit tag on a scalar goes to the SafeLoader's
-    constructors, which build it or refuse it; an explicit tag on a mapping or list is refused."""
+    constructors, which build it or refuse it; an explicit tag on a mapping or list is refused. With string_keys (a
+    rentplan file, whose keys are names), a key YAML reads as something else (`on:` is true, `~:` null) is refused
+    as written, with its line."""
     loader = _StrictLoader("")
     typed: dict[tuple, Any] = {}  # (value, tag) -> built value (immutable: numbers, bools, None, dates, text)
     stack: list[list] = []  # [container, pending key or _NO_KEY, {key: line}]
@@ -80,6 +82,10 @@ def _load(text: str) -> Any:
             if isinstance(top[0], list):
                 top[0].append(value)
             elif top[1] is _NO_KEY:
+                if string_keys and not isinstance(value, str):
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {ev.value!r} reads as {_reads_as(value)} in YAML; keys here are names: "
+                        f"quote it ('{ev.value}':)", ev.start_mark)
                 if value in top[0]:
                     raise yaml.constructor.ConstructorError(
                         None, None, f"duplicate key {value!r} (first at line {top[2][value] + 1})", ev.start_mark)
@@ -92,6 +98,14 @@ def _load(text: str) -> Any:
 
 
 _NO_KEY = object()
+
+
+def _reads_as(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return str(value).lower().replace("none", "null")
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    return f"a {type(value).__name__}"  # date, datetime
 
 
 def _scalar(loader: _StrictLoader, ev: yaml.ScalarEvent, typed: dict) -> Any:
@@ -163,7 +177,9 @@ def _too_long(text: str, source: str) -> str:
             "here needs more than a few digits.")
 
 
-def load_yaml_text(text: str, source: str, max_bytes: int = MAX_YAML_BYTES) -> Any:
+def load_yaml_text(text: str, source: str, max_bytes: int = MAX_YAML_BYTES, string_keys: bool = True) -> Any:
+    """A rentplan file's document (string_keys: its keys are names, see _load); string_keys=False reads any YAML
+    exactly as PyYAML's SafeLoader does."""
     try:
         size = len(text.encode())
     except UnicodeEncodeError as e:  # a lone surrogate: text no UTF-8 file can hold (a file is decoded strictly)
@@ -176,7 +192,7 @@ def load_yaml_text(text: str, source: str, max_bytes: int = MAX_YAML_BYTES) -> A
         if data is not NotImplemented:
             return data
     try:
-        return _load(text)
+        return _load(text, string_keys)
     except RecursionError:
         raise InputError(f"{source} is nested too deeply to read; no file here needs more than a few levels.") \
             from None
@@ -210,6 +226,17 @@ def _yaml_message(e: yaml.YAMLError) -> str:
     if "could not determine a constructor" in str(problem) or "python/" in str(problem):
         problem = f"unsafe or unknown tag refused: {problem}"
     return f"{problem}{where}"
+
+
+def _ascii_digits(text: str) -> str | None:
+    """'６' -> '6' (full-width, Arabic-Indic and other decimal digits): a number the user meant, refused because a
+    launch file and every reader downstream need ASCII; None when the text is not such a number."""
+    if text.isascii() or not text:
+        return None
+    import unicodedata
+
+    out = "".join(str(unicodedata.decimal(c)) if c.isdecimal() else c for c in text)
+    return out if out.isascii() and _FLOAT.fullmatch(out) else None
 
 
 class Problems:
@@ -256,6 +283,9 @@ class Problems:
         if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
             value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string; it plainly means a number
         show = self.show(value)
+        if isinstance(value, str) and (ascii_form := _ascii_digits(value.strip())) is not None:
+            self.add(path, f"{show} is written with digits other than 0-9: write it as {ascii_form}")
+            return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.add(path, f"must be a number, got {show} ({type(value).__name__})")
             return None

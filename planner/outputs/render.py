@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from planner.inputs.catalog import Catalog
 from planner.outputs.orders import provenance, stack_for
 from planner.decisions.plans import ordered, recommend, window_notes
 from planner.decisions.select import NO_FIT
+from planner.storage import atomic_write, made_or_nothing
 from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
 
 _ENV: jinja2.Environment | None = None
@@ -65,25 +65,6 @@ def _md_context(obj):
     if isinstance(obj, str):
         return md_text(obj)
     return obj
-
-
-def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        else:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def sweep_orphans(folder: Path) -> None:
@@ -389,12 +370,13 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
     }
     files.update(order_files(order, lines, out, spec_path, len(campaign.variants)))
     written = []
-    for name, text in files.items():
-        if text is None:  # a launch file of an earlier plan that this decision has none of
-            (out / name).unlink(missing_ok=True)
-            continue
-        atomic_write(out / name, text)
-        written.append(out / name)
+    with made_or_nothing(out):
+        for name, text in files.items():
+            if text is None:  # a launch file of an earlier plan that this decision has none of
+                (out / name).unlink(missing_ok=True)
+                continue
+            atomic_write(out / name, text)
+            written.append(out / name)
     return written
 
 

@@ -341,6 +341,14 @@ def _cells(df: pd.DataFrame, columns: dict) -> tuple[list[str], list[list[dict]]
 
 
 def write_campaign_report(out: Path, runs, table, variants, metrics, notes, said) -> list[Path]:
+    """The report's files (_report_files); a folder made for them goes again when writing fails."""
+    from planner.storage import made_or_nothing
+
+    with made_or_nothing(out):
+        return _report_files(out, runs, table, variants, metrics, notes, said)
+
+
+def _report_files(out: Path, runs, table, variants, metrics, notes, said) -> list[Path]:
     """report.html (fits 1,200 px: the deciding columns, short ids with the full text as a tooltip),
     curves.svg/.png, and runs.csv and variants.csv with every column in full; returns what it wrote."""
     table = table.drop(columns=["outcome", "control", "quality_target"], errors="ignore")
