@@ -4,6 +4,7 @@ weights_only=True (plus DCP shards under FSDP), and the weights to ship as safet
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import random
@@ -136,6 +137,32 @@ def training_state(trainer) -> dict:
     }
 
 
+class DiskFull(OSError):
+    """A checkpoint or export that the disk could not hold, said as such (torch's writer says only 'enforce fail at
+    inline_container.cc: unexpected pos')."""
+
+
+def written_whole(path: str, write) -> None:
+    """`write(tmp)`, then the file moves to `path` in one step: a crash mid-write never leaves a half file under the
+    name, and a failed write leaves no temporary file either; a disk that filled is named."""
+    from planner.storage import storage_problem
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+        full = storage_problem(os.path.dirname(path) or ".")  # read before the temporary file frees its space
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if isinstance(e, Exception) and (full or getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)):
+            raise DiskFull(errno.ENOSPC, f"{full or 'the disk is full'}: {os.path.basename(path)} could not be "
+                           f"written ({written:,} bytes of it were; nothing is left of it). Free space there or "
+                           "write elsewhere (--out), then run again.") from None
+        raise
+
+
 def save(trainer, path: str) -> int:
     state = training_state(trainer)
     if trainer.cfg.strategy == "fsdp":  # sharded model and optimizer: each rank writes its shards
@@ -146,9 +173,7 @@ def save(trainer, path: str) -> int:
         dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=f"{path}.dcp")
         state.update(model=None, optimizer=None, grads=None)
     if trainer.rank == 0:  # replicated state: one writer
-        tmp = f"{path}.tmp-{os.getpid()}"
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # a crash mid-save never leaves a half-written checkpoint under the name
+        written_whole(path, lambda tmp: torch.save(state, tmp))
     if trainer.world > 1:
         import torch.distributed as dist
 
@@ -165,17 +190,17 @@ def export(trainer, path: str, adapter: bool = True) -> int | None:
 
     from probes.hf import export_adapter
 
-    tmp = f"{path}.tmp-{os.getpid()}"
     if trainer.cfg.strategy == "fsdp":
         full = gathered_weights(trainer)  # every process gives its shards
         if trainer.rank == 0:
-            save_file({k: v.contiguous() for k, v in full.items()}, tmp)
+            written_whole(path, lambda tmp: save_file({k: v.contiguous() for k, v in full.items()}, tmp))
     elif trainer.rank == 0:
         model = getattr(trainer.model, "module", trainer.model)  # DDP wraps the model
-        if not (adapter and export_adapter(model, tmp)):
-            save_model(model, tmp)
-    if trainer.rank == 0:
-        os.replace(tmp, path)
+
+        def write(tmp):
+            if not (adapter and export_adapter(model, tmp)):
+                save_model(model, tmp)
+        written_whole(path, write)
     if trainer.world > 1:
         import torch.distributed as dist
 

@@ -93,3 +93,22 @@ def test_a_disk_that_fills_while_the_run_folder_is_made_leaves_no_half_folder(tm
     assert r.exit_code == 1 and "No space left on device while writing" in r.output, r.output
     assert "c.yaml" not in r.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_checkpoint_that_fills_the_disk_says_so_and_leaves_no_temporary_file(tmp_path):
+    """User: a campaign whose --out disk fills during a checkpoint save read 'RuntimeError: [enforce fail at
+    inline_container.cc:672]' with no word of the disk, and left a 2.2 MB checkpoint-...pt.tmp-PID behind."""
+    where = tmp_path / "disk"
+    mount_tmpfs(where, size="4m")  # the spec, logs and reference fit; a 1.6M-parameter model's checkpoint does not
+    try:
+        (tmp_path / "c.yaml").write_text(campaign_yaml(
+            params={"layers": 2, "d_model": 256}, seq_len=32, updates=4, effective_batch=2, save_every_updates=2,
+            eval={"every_updates": 2, "examples": 2, "seq_len": 32}, variants=[{"id": "a", "lr": 1e-4}]))
+        r = run(["campaign", "run", tmp_path / "c.yaml", "--ledger", tmp_path / "l.db", "--out", where / "runs"])
+        assert "enforce fail" not in r.output and "the disk holding" in r.output and "is full" in r.output, r.output
+        assert not [p for p in where.rglob("*") if ".tmp-" in p.name]
+        shown = run(["campaign", "report", tmp_path / "c.yaml", "--ledger", tmp_path / "l.db", "--out",
+                     tmp_path / "rep"])
+        assert "is full" in shown.output or "error" in shown.output, shown.output
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
