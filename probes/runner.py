@@ -88,13 +88,38 @@ def _environment(env: dict):
                 os.environ[k] = v
 
 
+def _go_with_parent(conn) -> None:
+    """When the main process dies (a kill -9, the OOM killer), nobody is left to read what this worker says: it and
+    everything it started (its process group) go at once, without a word, instead of running on or printing a
+    BrokenPipeError. The sign is the worker's pipe to the main process: its read end closes with that process
+    (Linux reports POLLERR on the write end). Its parent is no sign: the forkserver lives while any worker does,
+    each holding the forkserver's alive pipe (multiprocessing/forkserver.py, _serve_one)."""
+    import select
+
+    def watch():
+        poll = select.poll()
+        poll.register(conn.fileno(), select.POLLERR)
+        while not poll.poll():
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    threading.Thread(target=watch, name="rentplan-parent-watch", daemon=True).start()
+
+
+def _send(conn, message) -> None:
+    try:
+        conn.send(message)
+    except (BrokenPipeError, ConnectionResetError):  # the parent is gone (_go_with_parent)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
 def _worker_main(phases: tuple[str, ...], cfg_dict: dict, workdir: str, run_id: str, probe_id: str, conn) -> None:
     os.setpgrp()  # own process group: the parent can kill the worker and anything it started
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _go_with_parent(conn)
     from probes.pilot import Pilot
 
     def emit(kind, payload):
-        conn.send((kind, payload))
+        _send(conn, (kind, payload))
 
     try:
         cfg = ProbeConfig(**cfg_dict)
@@ -106,15 +131,16 @@ def _worker_main(phases: tuple[str, ...], cfg_dict: dict, workdir: str, run_id: 
     except BaseException as e:  # noqa: BLE001  a setup failure before any phase: report, do not hide
         from probes.pilot import last_line
 
-        conn.send(("fatal", last_line(e)))
+        _send(conn, ("fatal", last_line(e)))
     finally:
-        conn.send(("done", None))
+        _send(conn, ("done", None))
         conn.close()
 
 
 def _call_main(fn, args, conn) -> None:
     os.setpgrp()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _go_with_parent(conn)
     try:
         result = ("ok", fn(*args))
     except BaseException as e:  # noqa: BLE001
@@ -125,6 +151,8 @@ def _call_main(fn, args, conn) -> None:
     # that die with this process. The receiver is our own parent, so unpickling is safe.
     try:
         conn.send_bytes(pickle.dumps(result))
+    except (BrokenPipeError, ConnectionResetError):
+        os.killpg(os.getpgrp(), signal.SIGKILL)
     finally:
         conn.close()
 

@@ -24,6 +24,8 @@ def start_hung_pilot(command: str, ledger: str, lines: int, *extra: str):
     import subprocess
     import time
 
+    import pandas as pd
+
     from planner.errors import LedgerError
     from planner.ledger import read_lines
 
@@ -37,7 +39,7 @@ def start_hung_pilot(command: str, ledger: str, lines: int, *extra: str):
     def written() -> int:
         try:
             return len(read_lines(ledger)) if os.path.exists(ledger) else 0
-        except LedgerError:  # the probe is creating it: the file exists before its tables do
+        except (LedgerError, pd.errors.DatabaseError):  # the probe is creating it: the file exists before its tables
             return 0
 
     while time.monotonic() < deadline:

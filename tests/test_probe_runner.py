@@ -104,3 +104,42 @@ def test_ctrl_c_leaves_ledger_consistent_and_rerun_completes(tmp_path):
     df = read_lines(ledger)
     assert df.iloc[-1]["verdict"] == "interrupted" and df.iloc[-1]["phase"] == "eval"
     assert list(df["verdict"][:3]) == ["ok", "ok", "ok"]
+
+
+def _processes_with(marker: str) -> list[int]:
+    import os
+
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["probe", "estimate"])
+def test_workers_go_quietly_when_the_main_process_is_killed(tmp_path, monkeypatch, command):
+    """User: `kill -9` of the main process during an estimate grid made a worker print a BrokenPipeError traceback
+    (and a hung worker would run on, holding its memory). Now every process it started is gone within seconds,
+    without a word."""
+    import os
+    import uuid
+
+    marker = f"RENTPLAN_TEST_MARK={uuid.uuid4().hex}"
+    monkeypatch.setenv(*marker.split("="))
+    proc = start_hung_pilot(command, str(tmp_path / "l.db"), 3, *(["--device", "cpu"] if command == "probe" else []))
+    assert len(_processes_with(marker)) >= 3  # main, forkserver, worker
+    proc.kill()
+    _, err = proc.communicate(timeout=30)
+    deadline = time.monotonic() + 15
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _processes_with(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, [open(f"/proc/{p}/cmdline").read() for p in left if os.path.exists(f"/proc/{p}")]
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
