@@ -82,6 +82,7 @@ def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd
             "days": d, "offer": fitting["offer"], "gpu": fitting["gpu"], "provider": fitting["provider"],
             "strategy": fitting["strategy"], "strategy_label": fitting["strategy_label"], "verdict": fitting["verdict"],
             "unmodelled": fitting["unmodelled"], "idle_gpus": fitting["idle_gpus"], "software": fitting["software"],
+            "needs_ddp_loop": fitting["needs_ddp_loop"] if "needs_ddp_loop" in fitting else False,
             "variants_in": hours.map({h: ", ".join(variants[i].id for i in c) for h, c in chosen.items()}),
             "variants_out": hours.map({h: ", ".join(v.id for i, v in enumerate(variants) if i not in c)
                                        for h, c in chosen.items()}),
@@ -143,6 +144,11 @@ def mark_ordered(sheet: pd.DataFrame, offer_id: str | None) -> pd.DataFrame:
                                  f"{fmt_bytes(row['usable_bytes'])} usable, at micro-batch 1): an order for it would "
                                  "run out of memory. Order one that fits or is tight (selection.csv), or leave out "
                                  "--offer for the recommendation.")
+            if bool(row.get("needs_ddp_loop", False)):
+                raise InputError(f"offer {offer_id} has {int(row['gpus_per_instance']) * int(row['nodes'])} GPUs, "
+                                 f"and {row['strategy_why']}. An order for it would pay for GPUs the loop leaves "
+                                 "idle. Order a one-GPU offer (selection.csv), or run your loop under DDP (torchrun, "
+                                 "the callback in each rank) and plan from those lines.")
             if pd.isna(row["campaign_cost_usd_high"]):
                 raise InputError(f"offer {offer_id} has no time, so no cost: {row['time_basis']}. Order another "
                                  "offer, or complete the catalog's figures for its GPU.")
