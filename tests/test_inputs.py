@@ -118,6 +118,39 @@ def test_missing_ledger_and_unknown_workload_params(tmp_path):
     assert_error(run("plan", "--campaign", camp2, "--ledger", ledger), "no ledger lines for workload", "rentplan probe")
 
 
+def test_the_readme_documents_every_key_of_the_campaign_spec():
+    """User (#44): the spec's `optimizer` key was nowhere in the README. Every key the schema accepts (the spec's,
+    its eval's, stop_if's, quality_target's and a variant's) is named in the README's Campaign spec section."""
+    import re
+    from pathlib import Path
+
+    from planner.inputs.campaign_spec import CampaignEntry, VariantEntry
+    from planner.inputs.schema import EvalSpecEntry, QualityEntry, StopEntry
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("\n## Campaign spec\n")[1].split("\n## ")[0]
+    missing = [f"{where}{key}" for where, model in (("", CampaignEntry), ("eval.", EvalSpecEntry),
+                                                    ("stop_if.", StopEntry), ("quality_target.", QualityEntry),
+                                                    ("variants[].", VariantEntry))
+               for key in model.model_fields if not re.search(rf"(\b{key}:|`{key}`)", section)]
+    assert not missing, missing
+
+
+def test_an_optimizer_the_ledger_lacks_names_the_ones_it_has(tmp_path):
+    """User (#44): the HF Trainer's callback recorded `adamw_fused` (the Trainer's default), the spec left
+    `optimizer` out (adamw), and plan said only "no lines with optimizer=adamw": it names what the ledger holds and
+    the spec line that matches it."""
+    from tests.factories import config, pilot_lines, write_ledger
+
+    lines = []
+    for mb in (1, 2):
+        lines += pilot_lines(config(optimizer="adamw_fused", micro_batch=mb, eval_micro_batch=mb), 100 * 2**20)
+    ledger = write_ledger(tmp_path / "l.db", lines)
+    camp = write(tmp_path, "c.yaml", campaign_yaml())
+    assert_error(run("plan", "--campaign", camp, "--ledger", ledger), "no lines with optimizer=adamw",
+                 "The ledger holds optimizer=adamw_fused lines", "write `optimizer: adamw_fused` in the spec")
+
+
 def test_probe_option_errors():
     assert_error(run("probe", "--micro-batch", "3", "--effective-batch", "16", "--device", "cpu"),
                  "not divisible by micro-batch 3")

@@ -73,9 +73,27 @@ def family_lines(lines: pd.DataFrame, campaign: Campaign) -> pd.DataFrame:
             + " ".join(f"-p {k}={v}" for k, v in campaign.params.items()))
     fam = same[(same["optimizer"] == campaign.optimizer) & (same["checkpointing"] == campaign.checkpointing)]
     if fam.empty:
-        raise LedgerError(f"no lines with optimizer={campaign.optimizer} checkpointing="
-                          f"{'on' if campaign.checkpointing else 'off'} for {campaign.workload}; probe them first.")
+        ck = "on" if campaign.checkpointing else "off"
+        own = sorted(set(same["source"].fillna("").replace("", "probe")) - {"probe"}) if "source" in same else []
+        how = (f"run your loop ({', '.join(own)}) with them" if own else
+               f"probe them: rentplan probe -w {campaign.workload} --optimizer {campaign.optimizer} --checkpointing "
+               f"{ck} (with your other options)")
+        raise LedgerError(f"no lines with optimizer={campaign.optimizer} checkpointing={ck} for {campaign.workload}."
+                          f"{held(same, campaign)} Or {how}.")
     return fam
+
+
+def held(same: pd.DataFrame, campaign: Campaign) -> str:
+    """What the workload's lines were recorded with, and the spec lines that match them (a callback records the
+    trainer's optimizer, e.g. the HF Trainer's default adamw_fused, where a spec without `optimizer` says adamw)."""
+    pairs = sorted(set(zip(same["optimizer"], same["checkpointing"].astype(bool))))[:4]
+    said = []
+    for opt, ck in pairs:
+        keys = [f"optimizer: {opt}"] if opt != campaign.optimizer else []
+        keys += [f"checkpointing: {str(ck).lower()}"] if ck != campaign.checkpointing else []
+        said.append(f"optimizer={opt} lines (checkpointing {'on' if ck else 'off'}): to plan from them, write "
+                    + " and ".join(f"`{k}`" for k in keys) + " in the spec")
+    return f" The ledger holds {'; '.join(said)}." if said else ""
 
 
 @dataclass
