@@ -103,6 +103,26 @@ def test_plan_outputs_say_where_numbers_came_from(tmp_path):
     assert html.startswith("<!doctype html>") and "</html>" in html
 
 
+def test_ledger_show_has_a_workload_column_and_filter(tmp_path):
+    """User (#44): a ledger holding a script's lines, a workload file's and a Trainer callback's showed no workload
+    column and no way to pick one: `ledger show` lists the workload and takes --workload (with the names it holds
+    when none matches)."""
+    from tests.factories import config, pilot_lines, write_ledger
+
+    lines = [*pilot_lines(config(workload="script:unet-denoiser-b"), 2**20),
+             *pilot_lines(config(workload="unet.py:denoiser"), 2**20)]
+    ledger = write_ledger(tmp_path / "l.db", lines)
+    r = CliRunner().invoke(cli, ["ledger", "show", "--ledger", ledger])
+    assert r.exit_code == 0 and "workload" in r.output.splitlines()[0]
+    assert "script:unet-denoiser-b" in r.output and "unet.py:denoiser" in r.output
+    r = CliRunner().invoke(cli, ["ledger", "show", "--ledger", ledger, "--workload", "script:unet-denoiser-b"])
+    assert r.exit_code == 0 and "script:unet-denoiser-b" in r.output and "unet.py:denoiser" not in r.output
+    assert len(r.output.strip().splitlines()) == 2 + 7  # header, rule, the script's seven lines
+    r = CliRunner().invoke(cli, ["ledger", "show", "--ledger", ledger, "--workload", "script:unet"])
+    assert r.exit_code == 1 and "Error: no lines of workload script:unet" in r.output
+    assert "script:unet-denoiser-b, unet.py:denoiser" in r.output
+
+
 def test_ledger_show_and_export(tmp_path):
     ledger = standard_ledger(tmp_path / "l.db")
     runner = CliRunner()
