@@ -93,6 +93,21 @@ def test_multi_node_offer_gives_num_nodes_region_and_torchrun(tmp_path, monkeypa
     assert yaml.safe_load(path.read_text())["resources"]["region"] == "us-east-1"
 
 
+def test_the_order_sheet_names_the_order_path_sky_yaml_verifies(tmp_path, monkeypatch):
+    """User (#44): the order sheet said `rentplan verify order.json` where sky.yaml runs `rentplan verify
+    unet-out/order.json`: both name the path from the launch folder, as the machine reads it."""
+    monkeypatch.chdir(tmp_path)
+    standard_ledger(tmp_path / "l.db")
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "unet-out"])
+    assert r.exit_code == 0, r.output
+    run = yaml.safe_load((tmp_path / "unet-out" / "sky.yaml").read_text())["run"]
+    assert "rentplan verify unet-out/order.json" in run
+    for sheet in ("order_sheet.md", "order_sheet.html"):
+        text = (tmp_path / "unet-out" / sheet).read_text()
+        assert "rentplan verify unet-out/order.json" in text and "verify order.json" not in text, sheet
+
+
 def test_disk_holds_kept_checkpoints_and_the_export(tmp_path):
     gib = 1024**3
     assert disk_gb(None, None) == 100
