@@ -44,6 +44,27 @@ def test_bundled_catalog_validates_with_the_listed_gpus():
         assert o["as_of"] and o["source"] and "billing_minimum_hours" in o
 
 
+def test_an_instance_name_is_the_instance_type_alone(tmp_path, monkeypatch):
+    """User (#44): the order for RTX 3090 × 2 named its instance "2x-RTX_3090 ($0.33/2)": a price fragment the
+    catalog's draft wrote into the name. Every bundled offer's instance is the provider's type name alone (prices,
+    regions and remarks live in their own fields and the note), as the order shows it."""
+    import json
+    import re
+
+    from tests.factories import campaign_yaml, standard_ledger
+
+    bad = [(o["id"], o["instance"]) for o in catalog_doc()["offers"]
+           if o.get("instance") is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", o["instance"])]
+    assert not bad, bad
+    monkeypatch.chdir(tmp_path)
+    standard_ledger(tmp_path / "l.db")
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+    r = run("plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "out", "--offer", "vast-rtx_3090-2x")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "out" / "order.json").read_text())["offer"]["instance"] == "2x-RTX_3090"
+    assert "$0.33/2" not in (tmp_path / "out" / "order_sheet.md").read_text()
+
+
 def test_catalog_lists_every_problem_at_once(tmp_path):
     doc = catalog_doc()
     doc["gpus"][0]["memroy_gib_usable"] = 1  # typo

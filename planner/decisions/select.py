@@ -681,8 +681,9 @@ def require_feasible(sheet: pd.DataFrame, catalog: Catalog) -> None:
 
 
 # One market: offers a person would not tell apart but by price (same provider, instance type, GPU, count, nodes,
-# region, spot): a SkyPilot catalog lists one instance type once per zone.
-MARKET = ["provider", "instance", "gpu", "gpus_per_instance", "nodes", "region", "spot"]
+# region, spot, billing minimum): a SkyPilot catalog lists one instance type once per zone. A capacity block of
+# an instance type (billed 24 h at least) is bought apart from its on-demand hours, so it is a market of its own.
+MARKET = ["provider", "instance", "gpu", "gpus_per_instance", "nodes", "region", "spot", "billing_minimum_hours"]
 
 
 def best_per_market(sheet: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
