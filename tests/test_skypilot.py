@@ -108,6 +108,21 @@ def test_the_order_sheet_names_the_order_path_sky_yaml_verifies(tmp_path, monkey
         assert "rentplan verify unet-out/order.json" in text and "verify order.json" not in text, sheet
 
 
+def test_sky_yaml_says_what_its_disk_counts(tmp_path, monkeypatch):
+    """User (#44): sky.yaml's disk_size stated no basis. A comment beside the task says what it counts: the
+    floor for the environment and data, then per run the kept checkpoints and the export, with their sizes."""
+    monkeypatch.chdir(tmp_path)
+    standard_ledger(tmp_path / "l.db")
+    (tmp_path / "c.yaml").write_text(campaign_yaml())  # two variants: two runs, each keeps its own
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "out"])
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "out" / "sky.yaml").read_text()
+    disk = yaml.safe_load(text)["resources"]["disk_size"]
+    basis = next(line for line in text.splitlines() if line.startswith("# disk_size"))
+    assert f"# disk_size {disk} GB = 100 GB floor (environment, data)" in basis
+    assert "2 run(s) × (3 kept checkpoints × 11.4 MiB + export 3.8 MiB)" in basis, basis
+
+
 def test_disk_holds_kept_checkpoints_and_the_export(tmp_path):
     gib = 1024**3
     assert disk_gb(None, None) == 100
