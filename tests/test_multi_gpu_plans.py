@@ -234,6 +234,17 @@ def test_the_users_own_loop_of_one_process_is_planned_on_one_gpu(tmp_path):
     assert not result.plans[result.plans["offer"] == "h100-8x"]["cheapest_for_priority_1"].any()
     with pytest.raises(Exception, match="needs your loop to run DDP"):
         make_plan(camp, lines, cat, offer_id="h100-8x")
+    # only multi-GPU offers: nothing is ordered, and stdout and the sheet say why (not "no offer fits")
+    from planner.commands.decide import decision_text
+    from planner.outputs.render import build_context, render_template
+
+    alone = make_plan(camp, lines, dataclasses.replace(CATALOG, offers=[offer(id="h100-8x")]))
+    said = decision_text(alone.sheet)
+    assert "no offer fits" not in said and "needs your loop to run DDP" in said and "one-GPU offer" in said
+    sheet_md = render_template("order_sheet.md.j2", {
+        **build_context(camp, alone.sheet, alone.plans, alone.budget, alone.lines, CATALOG, 0.10),
+        "figures": [], "figures_note": "", "verify_command": "rentplan verify out/order.json"})
+    assert "No offer fits" not in sheet_md and "needs your loop to run DDP" in sheet_md
     (tmp_path / "p").mkdir()  # the same lines written by rentplan's probe: DDP as before
     probed = read_lines(write_ledger(tmp_path / "p" / "l.db", full))
     assert row(select(camp, probed, CATALOG, offers=offers), "h100-8x")["strategy"] == "ddp"

@@ -126,6 +126,19 @@ def ordered(sheet: pd.DataFrame) -> pd.Series | None:
     return None if rows.empty else rows.iloc[0]
 
 
+def nothing_to_order(sheet: pd.DataFrame) -> str:
+    """Why no offer is recommended, in the terms of the rule that recommends (select.preference)."""
+    fits = sheet[sheet["verdict"] != NO_FIT]
+    if fits.empty:
+        return "no offer fits this campaign"
+    loop = fits.get("needs_ddp_loop", pd.Series(False, index=fits.index)).fillna(False).astype(bool)
+    if loop.all():
+        return (f"the offers that fit have several GPUs, and {fits.loc[loop].iloc[0]['strategy_why']}. Add a one-GPU "
+                "offer to the catalog, or run your loop under DDP (torchrun, the callback in each rank) and plan "
+                "from those lines")
+    return "no offer that fits can be recommended (listed but not sized for its software, or without a cost)"
+
+
 def mark_ordered(sheet: pd.DataFrame, offer_id: str | None) -> pd.DataFrame:
     """The sheet with its `ordered` column: the decision every output (sheet, stdout, order.json, sky.yaml,
     pictures, budget) tells. An unknown id is refused with the nearest ones."""

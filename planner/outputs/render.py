@@ -21,7 +21,7 @@ from planner import PACKAGE_DIR, __version__
 from planner.inputs.campaign_spec import KEPT_CHECKPOINTS, Campaign
 from planner.inputs.catalog import Catalog
 from planner.outputs.orders import provenance, stack_for
-from planner.decisions.plans import ordered, recommend, window_notes
+from planner.decisions.plans import nothing_to_order, ordered, recommend, window_notes
 from planner.decisions.select import NO_FIT
 from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
 
@@ -320,6 +320,7 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
               "its need basis"] if "estimated" in modes else []),
         "recommended": None if rec is None else order_context(rec, sheet, lines),
         "order_for_this_machine": bool(sheet.attrs.get("order_for_this_machine")),
+        "nothing_to_order": nothing_to_order(sheet) if rec is None else "",
         "window_notes": window_notes(plans, sheet),
         "rows": sheet_rows(fitting.head(MARKDOWN_ROWS)),  # the markdown sheet's; selection.csv holds them all
         "all_rows": sheet_rows(by_cost(sheet)),  # the HTML sheet's: every offer, cheapest first, filterable
