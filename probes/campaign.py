@@ -52,6 +52,7 @@ def code_revision(source: str | Path | None = None) -> str:
         return "builtin (rentplan " + _own_version() + ")"
     src = Path(source)
     folder = src if src.is_dir() else src.parent
+    where = f"no git repository at {folder}"
     try:
         rev = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=10)
@@ -59,10 +60,15 @@ def code_revision(source: str | Path | None = None) -> str:
             dirty = subprocess.run(["git", "-C", str(folder), "status", "--porcelain", "--", "."],
                                    capture_output=True, text=True, timeout=10)
             return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        # HEAD names no commit, but the folder may still be a repository: `git init` before the first commit
+        inside = subprocess.run(["git", "-C", str(folder), "rev-parse", "--is-inside-work-tree"],
+                                capture_output=True, text=True, timeout=10)
+        if inside.returncode == 0 and inside.stdout.strip() == "true":
+            where = f"no commits yet in the git repository at {folder}"
     except (OSError, subprocess.SubprocessError):
         pass
     if src.is_file():
-        return f"sha256:{sha256(src)} (no git repository at {folder})"
+        return f"sha256:{sha256(src)} ({where})"
     return f"unknown ({src} is neither a git checkout nor a file)"
 
 

@@ -45,15 +45,29 @@ class InspectReport:
     examples: list[dict[str, str]]
     counted: int
     positions: int | None
-    n_outputs: int | None
+    n_outputs: int | None  # the class or vocabulary axis' width (None where the output has none)
     warnings: list[str] = field(default_factory=list)
     class_names: list[str] | None = None
+    task: str = "other"  # classification | causal-lm | other (see model_task)
+    output_shape: tuple[int, ...] | None = None  # one example's output
 
 
-def _output_width(model: torch.nn.Module, workload, batch: dict) -> int | None:
-    """Width of the model's output (vocabulary or classes), seen by a forward hook during compute_loss."""
-    seen: list[int] = []
-    handle = model.register_forward_hook(lambda m, i, o: seen.append(o.shape[-1]) if torch.is_tensor(o) else None)
+TASKS = {"classification": "classification", "causal-lm": "causal LM",
+         "other": "image or other (no class or vocabulary axis)"}
+
+
+def _output_shape(model: torch.nn.Module, workload, batch: dict) -> tuple[int, ...] | None:
+    """Shape of the model's output (a tensor, or a Hugging Face output's logits), seen by a forward hook during
+    compute_loss."""
+    seen: list[tuple[int, ...]] = []
+
+    def hook(m, i, o):
+        o = getattr(o, "logits", o)
+        o = o[0] if isinstance(o, (tuple, list)) and o and torch.is_tensor(o[0]) else o
+        if torch.is_tensor(o):
+            seen.append(tuple(o.shape))
+
+    handle = model.register_forward_hook(hook)
     try:
         with torch.no_grad():
             workload.compute_loss(model, batch)
@@ -62,6 +76,22 @@ def _output_width(model: torch.nn.Module, workload, batch: dict) -> int | None:
     finally:
         handle.remove()
     return seen[-1] if seen else None
+
+
+def model_task(workload, labels, shape: tuple[int, ...] | None) -> str:
+    """What the model learns, before any warning that depends on it: the workload's own `task` (hf: workloads
+    read it from the config's architecture), else the shapes: integer labels one per example beside an output of
+    (batch, classes) is classification; integer labels per position beside (batch, positions, vocabulary) is a
+    causal LM; anything else (images, regression, ...) is other, with no class or vocabulary axis."""
+    said = getattr(workload, "task", None)
+    if said in TASKS:
+        return said
+    integer = torch.is_tensor(labels) and not labels.is_floating_point() and not labels.is_complex()
+    if integer and shape is not None and labels.dim() == 1 and len(shape) == 2:
+        return "classification"
+    if integer and shape is not None and labels.dim() == 2 and len(shape) == 3 and labels.shape == shape[:2]:
+        return "causal-lm"
+    return "other"
 
 
 def inspect_workload(ref: str, params: dict, n: int = 3, split: str = "train", seq_len: int = 32,
@@ -84,7 +114,10 @@ def inspect_workload(ref: str, params: dict, n: int = 3, split: str = "train", s
         if pad_counted:
             warnings.append(f"padding counted in the loss: {pad_counted} padded positions have a label "
                             "(set them to -100)")
-    n_out = _output_width(model, workload, batch)
+    shape = _output_shape(model, workload, batch)
+    task = model_task(workload, labels, shape)
+    # the last axis is a class or vocabulary axis only for these tasks (an image's last axis is its width)
+    n_out = shape[-1] if shape and task in ("classification", "causal-lm") else None
     if torch.is_tensor(labels) and n_out is not None:
         real = labels[labels != IGNORE]
         bad = real[(real < 0) | (real >= n_out)]
@@ -94,9 +127,11 @@ def inspect_workload(ref: str, params: dict, n: int = 3, split: str = "train", s
     names = getattr(workload, "class_names", None)
     if names is not None and n_out is not None and len(names) != n_out:
         warnings.append(f"class_names has {len(names)} names but the model has {n_out} outputs")
-    if getattr(workload, "masks_prompt", False) and torch.is_tensor(labels) and not bool((labels == IGNORE).any()):
+    if (task == "causal-lm" and getattr(workload, "masks_prompt", False) and torch.is_tensor(labels)
+            and not bool((labels == IGNORE).any())):
         warnings.append("the workload says prompt tokens are masked, but every position is counted in the loss")
-    return InspectReport(shown, counted, positions, n_out, warnings, names)
+    return InspectReport(shown, counted, positions, n_out, warnings, names, task,
+                         None if shape is None else shape[1:])
 
 
 # ------------------------------------------------------------------------------------------------ overfit

@@ -56,7 +56,6 @@ def _data_files(data: str | None, val_data: str | None) -> tuple[Path | None, Pa
 
 
 class HFWorkload:
-    masks_prompt = True
 
     def __init__(self, path: str, lora=None, data: str | None = None, fields: str | None = None,
                  weights: bool = False, task: str | None = None, num_labels: int | None = None,
@@ -110,6 +109,11 @@ class HFWorkload:
                           "random token ids of the configured lengths (no tokenizer or no data given)")
 
     # --- setup ---
+
+    @property
+    def masks_prompt(self) -> bool:
+        """A causal LM's prompt tokens are masked out of the loss; a classifier has no prompt."""
+        return self.task == "causal-lm"
 
     def _tokenizer(self):
         if not any((self.dir / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):

@@ -285,6 +285,18 @@ def test_code_revision_without_git_is_a_hash_of_the_source(tmp_path):
     assert code_revision(tmp_path / "wl.py") != rev
 
 
+def test_code_revision_in_a_repository_with_no_commits_says_so(tmp_path):
+    """User (#44): `archive` of a workload in a folder after `git init`, before the first commit, said "no git
+    repository" there: it says the repository has no commits yet."""
+    from probes.campaign import code_revision
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "wl.py").write_text("x = 1\n")
+    rev = code_revision(tmp_path / "wl.py")
+    assert rev.startswith("sha256:") and "no git repository" not in rev
+    assert f"no commits yet in the git repository at {tmp_path}" in rev
+
+
 HASH_SEEDED = '''
 import torch
 from probes.builtin import GPT as gpt

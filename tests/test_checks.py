@@ -166,6 +166,75 @@ def test_inspect_classifier_prints_class_names():
     assert "target:" in r.output and "mean of" in r.output
 
 
+IMAGE_WORKLOADS = '''"""Image models as a user writes them: a denoiser (image in, image out) and a small image classifier."""
+import zlib
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _images(split, index, micro_batch, side):
+    g = torch.Generator().manual_seed(zlib.crc32(f"{split}:{index}".encode()))
+    return g, torch.rand(micro_batch, 3, side, side, generator=g)
+
+
+class Denoiser:
+    name = "unet-denoiser-b"
+
+    def build_model(self):
+        return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 3, 3, padding=1))
+
+    def make_batch(self, split, index, micro_batch, seq_len):
+        g, clean = _images(split, index, micro_batch, seq_len)
+        return {"noisy": clean + 0.1 * torch.randn(clean.shape, generator=g), "clean": clean}
+
+    def compute_loss(self, model, batch):
+        return F.mse_loss(model(batch["noisy"]), batch["clean"])
+
+
+class ImageClassifier:
+    name = "tiny-cnn"
+
+    def build_model(self):
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+    def make_batch(self, split, index, micro_batch, seq_len):
+        g, x = _images(split, index, micro_batch, seq_len)
+        return {"pixels": x, "labels": torch.randint(0, 10, (micro_batch,), generator=g)}
+
+    def compute_loss(self, model, batch):
+        return F.cross_entropy(model(batch["pixels"]), batch["labels"])
+
+
+def denoiser():
+    return Denoiser()
+
+
+def image_classifier():
+    return ImageClassifier()
+'''
+
+
+def test_inspect_knows_an_image_model_has_no_class_or_vocabulary_axis(tmp_path):
+    """User (#44): `inspect` of an image model printed "model outputs: 32", the image width, as if it were a
+    number of classes. inspect reads the model's task first: the width of the output is said only where it is a
+    class or vocabulary axis."""
+    (tmp_path / "images.py").write_text(IMAGE_WORKLOADS)
+    r = CliRunner().invoke(cli, ["inspect", "-w", f"{tmp_path / 'images.py'}:denoiser", "--seq-len", "32", "-n", "2",
+                                 "--strict"])
+    assert r.exit_code == 0, r.output
+    assert "model outputs: 32" not in r.output
+    assert "task: image or other (no class or vocabulary axis); model output per example: 3×32×32" in r.output
+    assert "prompt" not in r.output
+    r = CliRunner().invoke(cli, ["inspect", "-w", f"{tmp_path / 'images.py'}:image_classifier", "--seq-len", "32",
+                                 "-n", "2", "--strict"])
+    assert r.exit_code == 0, r.output
+    assert "task: classification; model outputs: 10 classes" in r.output
+    r = run("inspect", *TINY_ARGS, "-n", "1", "--seq-len", "12")  # the built-in causal LM keeps its check
+    assert "task: causal LM; model outputs: 64 (vocabulary)" in r.output
+
+
 @pytest.mark.parametrize("ref, extra", [("builtin:gpt", []), ("builtin:classifier", []),
                                         ("builtin:gpt", ["--grad-accum", "4", "--at-micro", "2", "--precision",
                                                          "fp16"])])

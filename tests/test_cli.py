@@ -103,6 +103,26 @@ def test_plan_outputs_say_where_numbers_came_from(tmp_path):
     assert html.startswith("<!doctype html>") and "</html>" in html
 
 
+def test_ledger_show_has_a_workload_column_and_filter(tmp_path):
+    """User (#44): a ledger holding a script's lines, a workload file's and a Trainer callback's showed no workload
+    column and no way to pick one: `ledger show` lists the workload and takes --workload (with the names it holds
+    when none matches)."""
+    from tests.factories import config, pilot_lines, write_ledger
+
+    lines = [*pilot_lines(config(workload="script:unet-denoiser-b"), 2**20),
+             *pilot_lines(config(workload="unet.py:denoiser"), 2**20)]
+    ledger = write_ledger(tmp_path / "l.db", lines)
+    r = CliRunner().invoke(cli, ["ledger", "show", "--ledger", ledger])
+    assert r.exit_code == 0 and "workload" in r.output.splitlines()[0]
+    assert "script:unet-denoiser-b" in r.output and "unet.py:denoiser" in r.output
+    r = CliRunner().invoke(cli, ["ledger", "show", "--ledger", ledger, "--workload", "script:unet-denoiser-b"])
+    assert r.exit_code == 0 and "script:unet-denoiser-b" in r.output and "unet.py:denoiser" not in r.output
+    assert len(r.output.strip().splitlines()) == 2 + 7  # header, rule, the script's seven lines
+    r = CliRunner().invoke(cli, ["ledger", "show", "--ledger", ledger, "--workload", "script:unet"])
+    assert r.exit_code == 1 and "Error: no lines of workload script:unet" in r.output
+    assert "script:unet-denoiser-b, unet.py:denoiser" in r.output
+
+
 def test_ledger_show_and_export(tmp_path):
     ledger = standard_ledger(tmp_path / "l.db")
     runner = CliRunner()
@@ -146,6 +166,23 @@ def test_catalog_import_skypilot(tmp_path):
     a100 = [o for o in offers.values() if o.gpu == "a100_80gb_pcie"]
     assert {o.spot for o in a100} == {False, True}
     assert "Z9000" in r.output
+
+
+def test_the_build_declares_every_package_and_its_data(tmp_path):
+    """User (#44): every install printed setuptools' warning that 'planner.examples' is absent from the packages
+    configuration; the packages list had also left out planner.commands, so a wheel could not run `rentplan`. The
+    build warns of nothing, and the wheel holds every module of planner/ and probes/ and the example specs."""
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 and "No module named" in r.stderr:
+        pytest.skip(f"cannot build a wheel here: {r.stderr[-200:]}")
+    assert r.returncode == 0, r.stderr
+    assert "absent from the `packages` configuration" not in r.stderr + r.stdout
+    names = set(zipfile.ZipFile(next(tmp_path.glob("rentplan-*.whl"))).namelist())
+    modules = {p.relative_to(ROOT).as_posix() for top in ("planner", "probes") for p in (ROOT / top).rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert modules <= names, sorted(modules - names)
+    assert {f"planner/examples/{p.name}" for p in (ROOT / "planner" / "examples").glob("*.yaml")} <= names
 
 
 def test_readme_example_workload_runs(tmp_path):

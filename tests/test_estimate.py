@@ -234,3 +234,20 @@ def test_a_process_first_estimate_reads_what_its_second_does():
     assert r.returncode == 0, r.stderr[-2000:]
     first, second = json.loads(r.stdout.strip().splitlines()[-1])
     assert first == second
+
+
+@pytest.mark.slow  # a process's estimate: more than a few seconds
+def test_estimate_says_the_kernels_it_estimates_for(tmp_path):
+    """User (#44): `estimate --target sm80+` printed "probe: 1 configuration(s) × 7 phases on cpu", as if it
+    measured on this CPU: it names the kernel basis it estimates for, and says the CPU only hosts fake tensors."""
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    r = CliRunner().invoke(cli, ["estimate", *[x for k, v in SMALL.items() for x in ("-p", f"{k}={v}")],
+                                 "--seq-len", "32", "--precision", "bf16", "--target", "sm80+", "--ledger",
+                                 str(tmp_path / "l.db"), "--jobs", "1"])
+    assert r.exit_code == 0, r.output
+    assert "on cpu" not in r.stderr
+    assert "estimate: 1 configuration(s) × 7 phases for the kernels of sm80+" in r.stderr
+    assert "under fake tensors on this machine's CPU (no memory touched)" in r.stderr

@@ -132,6 +132,19 @@ def test_inspect_shows_masked_prompt_of_own_data(tmp_path, llama):
     assert "w1 w2 w3 w4 w5" in r.output and "mask: ...xxx.." in r.output
 
 
+def test_inspect_knows_a_sequence_classifier_has_no_prompt(tmp_path):
+    """User (#44): `inspect -w hf:…` of a BERT sequence classifier warned "prompt tokens are masked, but every
+    position is counted in the loss" (a classifier has no prompt) and --strict exited 1."""
+    path = tmp_path / "bert-cls"
+    transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                            vocab_size=256, num_labels=3,
+                            architectures=["BertForSequenceClassification"]).save_pretrained(path)
+    r = CliRunner().invoke(cli, ["inspect", "-w", f"hf:{path}", "-n", "2", "--seq-len", "16", "--strict"])
+    assert r.exit_code == 0, r.output
+    assert "prompt" not in r.output and "no masking problems found" in r.output
+    assert "task: classification; model outputs: 3 classes" in r.output
+
+
 @pytest.mark.slow
 def test_sequence_classification_config_probes_through_all_phases(tmp_path):
     path = tmp_path / "cls"

@@ -44,6 +44,27 @@ def test_bundled_catalog_validates_with_the_listed_gpus():
         assert o["as_of"] and o["source"] and "billing_minimum_hours" in o
 
 
+def test_an_instance_name_is_the_instance_type_alone(tmp_path, monkeypatch):
+    """User (#44): the order for RTX 3090 × 2 named its instance "2x-RTX_3090 ($0.33/2)": a price fragment the
+    catalog's draft wrote into the name. Every bundled offer's instance is the provider's type name alone (prices,
+    regions and remarks live in their own fields and the note), as the order shows it."""
+    import json
+    import re
+
+    from tests.factories import campaign_yaml, standard_ledger
+
+    bad = [(o["id"], o["instance"]) for o in catalog_doc()["offers"]
+           if o.get("instance") is not None and not re.fullmatch(r"[A-Za-z0-9._-]+", o["instance"])]
+    assert not bad, bad
+    monkeypatch.chdir(tmp_path)
+    standard_ledger(tmp_path / "l.db")
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+    r = run("plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "out", "--offer", "vast-rtx_3090-2x")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "out" / "order.json").read_text())["offer"]["instance"] == "2x-RTX_3090"
+    assert "$0.33/2" not in (tmp_path / "out" / "order_sheet.md").read_text()
+
+
 def test_catalog_lists_every_problem_at_once(tmp_path):
     doc = catalog_doc()
     doc["gpus"][0]["memroy_gib_usable"] = 1  # typo
@@ -156,6 +177,39 @@ def test_missing_ledger_and_unknown_workload_params(tmp_path):
     ledger = standard_ledger(tmp_path / "l.db")
     camp2 = write(tmp_path, "c2.yaml", campaign_yaml(params={"layers": 99}))
     assert_error(run("plan", "--campaign", camp2, "--ledger", ledger), "no ledger lines for workload", "rentplan probe")
+
+
+def test_the_readme_documents_every_key_of_the_campaign_spec():
+    """User (#44): the spec's `optimizer` key was nowhere in the README. Every key the schema accepts (the spec's,
+    its eval's, stop_if's, quality_target's and a variant's) is named in the README's Campaign spec section."""
+    import re
+    from pathlib import Path
+
+    from planner.inputs.campaign_spec import CampaignEntry, VariantEntry
+    from planner.inputs.schema import EvalSpecEntry, QualityEntry, StopEntry
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("\n## Campaign spec\n")[1].split("\n## ")[0]
+    missing = [f"{where}{key}" for where, model in (("", CampaignEntry), ("eval.", EvalSpecEntry),
+                                                    ("stop_if.", StopEntry), ("quality_target.", QualityEntry),
+                                                    ("variants[].", VariantEntry))
+               for key in model.model_fields if not re.search(rf"(\b{key}:|`{key}`)", section)]
+    assert not missing, missing
+
+
+def test_an_optimizer_the_ledger_lacks_names_the_ones_it_has(tmp_path):
+    """User (#44): the HF Trainer's callback recorded `adamw_fused` (the Trainer's default), the spec left
+    `optimizer` out (adamw), and plan said only "no lines with optimizer=adamw": it names what the ledger holds and
+    the spec line that matches it."""
+    from tests.factories import config, pilot_lines, write_ledger
+
+    lines = []
+    for mb in (1, 2):
+        lines += pilot_lines(config(optimizer="adamw_fused", micro_batch=mb, eval_micro_batch=mb), 100 * 2**20)
+    ledger = write_ledger(tmp_path / "l.db", lines)
+    camp = write(tmp_path, "c.yaml", campaign_yaml())
+    assert_error(run("plan", "--campaign", camp, "--ledger", ledger), "no lines with optimizer=adamw",
+                 "The ledger holds optimizer=adamw_fused lines", "write `optimizer: adamw_fused` in the spec")
 
 
 def test_probe_option_errors():

@@ -202,3 +202,49 @@ def test_the_context_adds_the_blas_workspaces_the_lines_do_not_hold(tmp_path, me
         assert r["context_bytes"] - CATALOG.context_bytes == extra, offer_id
         said = f"BLAS workspaces {extra // MiB} MiB"
         assert (said in r["context_basis"]) == (extra > 0), r["context_basis"]
+
+
+def test_the_users_own_loop_of_one_process_is_planned_on_one_gpu(tmp_path):
+    """User (#44): lines from their own loop (an HF Trainer callback, world size 1) were planned "ddp × 8" on an
+    8-GPU offer. rentplan cannot make that loop data-parallel: the offer is planned on one GPU, says it needs the
+    loop to run DDP, and is never recommended nor ★; the same lines from rentplan's own probe still get DDP."""
+    import dataclasses
+
+    from planner.decisions.pipeline import make_plan
+    from planner.records import OBSERVED_PHASES
+
+    full = []
+    for mb, seq in [(1, 128), (2, 128), (1, 256), (4, 256)]:
+        cfg = config(workload="trainer:my-bert", micro_batch=mb, seq_len=seq, eval_seq_len=seq, eval_micro_batch=mb)
+        full += pilot_lines(cfg, 100 * MiB + mb * seq * 50_000, flops_per_update=1e15)
+    # what the callback writes: the phases the user's loop went through, one process
+    own = [dataclasses.replace(x, source="hf-trainer") for x in full if x.phase in OBSERVED_PHASES]
+    lines = read_lines(write_ledger(tmp_path / "l.db", own))
+    camp = load_campaign_text(campaign_yaml(workload="trainer:my-bert"), "t")
+    offers = [offer(id="h100-1x", gpus=1, price_per_instance_hour_usd=40.0), offer(id="h100-8x")]
+    sheet = select(camp, lines, CATALOG, offers=offers)
+    eight = row(sheet, "h100-8x")
+    assert eight["strategy"] == "single" and eight["replicas"] == 1 and eight["idle_gpus"] == 7
+    assert eight["strategy_label"] == "single; needs your loop to run DDP"
+    assert "hf-trainer" in eight["strategy_why"] and "one process" in eight["strategy_why"]
+    assert eight["update_s_high"] == row(sheet, "h100-1x")["update_s_high"]  # one GPU's time, not 8 replicas'
+    assert row(sheet, "h100-1x")["recommended"]  # though the 8-GPU offer is cheaper per hour here
+    cat = dataclasses.replace(CATALOG, offers=offers)
+    result = make_plan(camp, lines, cat)
+    assert not result.plans[result.plans["offer"] == "h100-8x"]["cheapest_for_priority_1"].any()
+    with pytest.raises(Exception, match="needs your loop to run DDP"):
+        make_plan(camp, lines, cat, offer_id="h100-8x")
+    # only multi-GPU offers: nothing is ordered, and stdout and the sheet say why (not "no offer fits")
+    from planner.commands.decide import decision_text
+    from planner.outputs.render import build_context, render_template
+
+    alone = make_plan(camp, lines, dataclasses.replace(CATALOG, offers=[offer(id="h100-8x")]))
+    said = decision_text(alone.sheet)
+    assert "no offer fits" not in said and "needs your loop to run DDP" in said and "one-GPU offer" in said
+    sheet_md = render_template("order_sheet.md.j2", {
+        **build_context(camp, alone.sheet, alone.plans, alone.budget, alone.lines, CATALOG, 0.10),
+        "figures": [], "figures_note": "", "verify_command": "rentplan verify out/order.json"})
+    assert "No offer fits" not in sheet_md and "needs your loop to run DDP" in sheet_md
+    (tmp_path / "p").mkdir()  # the same lines written by rentplan's probe: DDP as before
+    probed = read_lines(write_ledger(tmp_path / "p" / "l.db", full))
+    assert row(select(camp, probed, CATALOG, offers=offers), "h100-8x")["strategy"] == "ddp"

@@ -120,3 +120,89 @@ def test_script_options_that_the_script_decides_are_refused(script, tmp_path):
     r = probe("-w", "script:../x")
     assert r.exit_code == 1 and "script:NAME" in r.output
     assert not (tmp_path / "l.db").exists()
+
+
+UNET_SCRIPT = '''"""A UNet-style denoiser trained as a plain script: one process, micro-batch 8, accumulation 2."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+
+
+class UNet(nn.Module):
+    def __init__(self, c=16):
+        super().__init__()
+        self.down = nn.Conv2d(3, c, 3, padding=1)
+        self.mid = nn.Conv2d(c, c, 3, stride=2, padding=1)
+        self.up = nn.ConvTranspose2d(c, c, 2, stride=2)
+        self.out = nn.Conv2d(2 * c, 3, 3, padding=1)
+
+    def forward(self, x):
+        d = F.relu(self.down(x))
+        return self.out(torch.cat([d, F.relu(self.up(F.relu(self.mid(d))))], 1))
+
+
+model = UNet()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+clean = torch.rand(64, 3, 64, 64)
+for step in range(6):
+    for micro in range(2):
+        x = clean[(step * 2 + micro) * 8 % 64:][:8]
+        loss = F.mse_loss(model(x + 0.1 * torch.randn_like(x)), x) / 2
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if step == 2:
+        model.eval()
+        with torch.no_grad():
+            F.mse_loss(model(clean[:8]), clean[:8])
+        model.train()
+torch.save(model.state_dict(), "unet.pt")
+'''
+
+UNET_SPEC = """name: unet-b
+workload: script:unet-denoiser-b
+precision: fp32
+effective_batch: 16
+updates: 2000
+eval: {every_updates: 500, examples: 64, seq_len: 3}
+setup_hours: 0.5
+variants:
+  - {id: control, lr: 1.0e-3}
+"""
+
+
+@pytest.mark.slow
+def test_a_single_process_script_is_never_ordered_as_ddp(tmp_path, monkeypatch):
+    """User (#44): `probe --script train_unet_b.py -w script:unet-denoiser-b` recorded world size 1, then `plan`
+    recommended RTX 3090 × 2 as "ddp × 2", priced at the two-replica time, and sky.yaml asked for 2 GPUs. The
+    script cannot run DDP: rentplan cannot make the user's loop data-parallel."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train_unet_b.py").write_text(UNET_SCRIPT)
+    (tmp_path / "unet.yaml").write_text(UNET_SPEC)
+    r = CliRunner().invoke(cli, ["probe", "--script", "train_unet_b.py", "-w", "script:unet-denoiser-b",
+                                 "--ledger", "l.db"])
+    assert r.exit_code == 0, r.output
+    assert set(read_lines(tmp_path / "l.db")["world_size"]) == {1}
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "unet.yaml", "--ledger", "l.db", "--out", "unet-out"])
+    assert r.exit_code == 0, r.output
+    import pandas as pd
+
+    sheet = pd.read_csv(tmp_path / "unet-out" / "selection.csv")
+    assert set(sheet["strategy"]) == {"single"} and set(sheet["replicas"]) == {1}
+    two = sheet[sheet["offer"] == "vast-rtx_3090-2x"].iloc[0]
+    assert "needs your loop to run DDP" in two["strategy_label"] and two["idle_gpus"] == 1
+    rec = sheet[sheet["recommended"]].iloc[0]
+    assert rec["gpus_per_instance"] == 1
+    order = json.loads((tmp_path / "unet-out" / "order.json").read_text())
+    assert order["offer"]["gpus_per_instance"] == 1 and order["settings"]["replicas"] == 1
+    sky = yaml.safe_load((tmp_path / "unet-out" / "sky.yaml").read_text())
+    assert sky["resources"]["accelerators"].endswith(":1")
+    # ordering the two-GPU offer by name is refused: the script would leave a GPU idle that is paid for
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "unet.yaml", "--ledger", "l.db", "--out", "o2",
+                                 "--offer", "vast-rtx_3090-2x"])
+    assert r.exit_code == 1 and "Error: " in r.output and "needs your loop to run DDP" in r.output, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "o2").exists()

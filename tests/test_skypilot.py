@@ -93,6 +93,36 @@ def test_multi_node_offer_gives_num_nodes_region_and_torchrun(tmp_path, monkeypa
     assert yaml.safe_load(path.read_text())["resources"]["region"] == "us-east-1"
 
 
+def test_the_order_sheet_names_the_order_path_sky_yaml_verifies(tmp_path, monkeypatch):
+    """User (#44): the order sheet said `rentplan verify order.json` where sky.yaml runs `rentplan verify
+    unet-out/order.json`: both name the path from the launch folder, as the machine reads it."""
+    monkeypatch.chdir(tmp_path)
+    standard_ledger(tmp_path / "l.db")
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "unet-out"])
+    assert r.exit_code == 0, r.output
+    run = yaml.safe_load((tmp_path / "unet-out" / "sky.yaml").read_text())["run"]
+    assert "rentplan verify unet-out/order.json" in run
+    for sheet in ("order_sheet.md", "order_sheet.html"):
+        text = (tmp_path / "unet-out" / sheet).read_text()
+        assert "rentplan verify unet-out/order.json" in text and "verify order.json" not in text, sheet
+
+
+def test_sky_yaml_says_what_its_disk_counts(tmp_path, monkeypatch):
+    """User (#44): sky.yaml's disk_size stated no basis. A comment beside the task says what it counts: the
+    floor for the environment and data, then per run the kept checkpoints and the export, with their sizes."""
+    monkeypatch.chdir(tmp_path)
+    standard_ledger(tmp_path / "l.db")
+    (tmp_path / "c.yaml").write_text(campaign_yaml())  # two variants: two runs, each keeps its own
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "out"])
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "out" / "sky.yaml").read_text()
+    disk = yaml.safe_load(text)["resources"]["disk_size"]
+    basis = next(line for line in text.splitlines() if line.startswith("# disk_size"))
+    assert f"# disk_size {disk} GB = 100 GB floor (environment, data)" in basis
+    assert "2 run(s) × (3 kept checkpoints × 11.4 MiB + export 3.8 MiB)" in basis, basis
+
+
 def test_disk_holds_kept_checkpoints_and_the_export(tmp_path):
     gib = 1024**3
     assert disk_gb(None, None) == 100

@@ -35,7 +35,8 @@ def inspect(workload, params, n, split, seq_len, strict):
         for k, v in ex.items():
             click.echo(f"  {k:>10}: {v}")
     share = f" of {rep.positions} positions ({rep.counted / rep.positions:.0%})" if rep.positions else ""
-    click.echo(f"\ncounted targets: {rep.counted}{share}; model outputs: {rep.n_outputs}")
+    click.echo(f"\ncounted targets: {rep.counted}{share}")
+    click.echo(f"task: {output_text(rep)}")
     if rep.class_names:
         click.echo("classes: " + ", ".join(f"{i}={c}" for i, c in enumerate(rep.class_names)))
     for w in rep.warnings:
@@ -44,6 +45,18 @@ def inspect(workload, params, n, split, seq_len, strict):
         click.echo("no masking problems found")
     if strict and rep.warnings:
         raise click.ClickException(f"{len(rep.warnings)} warning(s) with --strict")
+
+
+def output_text(rep) -> str:
+    """The model's task and what its output holds: a width only where the last axis is classes or a vocabulary."""
+    from probes.checks import TASKS
+
+    if rep.task == "classification" and rep.n_outputs is not None:
+        return f"{TASKS[rep.task]}; model outputs: {rep.n_outputs} classes"
+    if rep.task == "causal-lm" and rep.n_outputs is not None:
+        return f"{TASKS[rep.task]}; model outputs: {rep.n_outputs} (vocabulary)"
+    shape = "×".join(map(str, rep.output_shape)) if rep.output_shape else "not seen (no tensor output)"
+    return f"{TASKS[rep.task]}; model output per example: {shape}"
 
 
 @click.command()

@@ -102,7 +102,9 @@ def decision_text(sheet) -> str:
         head = "Ordered: this machine (--offer local)." + (f" Recommended: {describe(rec)}." if rec is not None else "")
         return head
     if mine is None:
-        return "Nothing to order: no offer fits."
+        from planner.decisions.plans import nothing_to_order
+
+        return f"Nothing to order: {nothing_to_order(sheet)}."
     text = f"Recommended and ordered: {describe(mine)}." if rec is not None and rec["offer"] == mine["offer"] else (
         f"Ordered (you chose it with --offer): {describe(mine)}.\n"
         + (f"Recommended: {describe(rec)}." if rec is not None else "rentplan recommends no offer."))

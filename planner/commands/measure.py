@@ -44,9 +44,19 @@ def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: 
         for note in notes:
             progress(f"data: {note}")
     configs = build_grid(spec)
-    progress(f"probe: {len(configs)} configuration(s) × {len(PHASES)} phases on {spec.device}; ledger {ledger_path}")
+    progress(f"{run_banner(spec, len(configs))}; ledger {ledger_path}")
     return run_grid(configs, ledger_path, timeout_s=timeout_s, retry_failed=retry_failed, progress=progress,
                     jobs=jobs)
+
+
+def run_banner(spec: GridSpec, n: int) -> str:
+    """What runs where: a probe measures on its device; an estimate runs fake tensors on this CPU for the kernels
+    of its targets (the CPU is not what it sizes)."""
+    if spec.mode != "estimated":
+        return f"probe: {n} configuration(s) × {len(PHASES)} phases on {spec.device}"
+    targets = sorted({t or "cpu" for t in (spec.targets or [""])})
+    return (f"estimate: {n} configuration(s) × {len(PHASES)} phases for the kernels of {', '.join(targets)}, "
+            "under fake tensors on this machine's CPU (no memory touched)")
 
 
 @click.command()

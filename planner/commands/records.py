@@ -28,18 +28,26 @@ def ledger():
 @ledger_option
 @click.option("--run", "run_id", default=None, help="only this run id")
 @click.option("--verdict", default=None, help="only lines with this verdict")
+@click.option("--workload", default=None, help="only lines of this workload (as the ledger names it: script:NAME, "
+                                               "file.py:fn, hf:PATH, ...)")
 @format_option
 @friendly_errors
-def ledger_show(ledger_path, run_id, verdict, fmt):
+def ledger_show(ledger_path, run_id, verdict, workload, fmt):
     """Print the ledger's lines, oldest first.
 
-    Example: rentplan ledger show --ledger rentplan.db --verdict oom"""
+    Example: rentplan ledger show --ledger rentplan.db --workload script:train --verdict oom"""
     df = read_lines(ledger_path)
+    if workload:
+        names = sorted(set(df["workload"]))
+        df = df[df["workload"] == workload]
+        if df.empty:
+            raise InputError(f"no lines of workload {workload} in {ledger_path}. It holds: "
+                             f"{', '.join(names[:12]) or 'no lines'}{' ...' if len(names) > 12 else ''}.")
     if run_id:
         df = df[df["run_id"] == run_id]
     if verdict:
         df = df[df["verdict"] == verdict]
-    click.echo(render(lines_view(df, fmt), fmt))
+    click.echo(render(lines_view(df, fmt, workload=True), fmt))
 
 
 @ledger.command("export")

@@ -82,6 +82,7 @@ def plan_windows(sheet: pd.DataFrame, campaign: Campaign, days: list[int]) -> pd
             "days": d, "offer": fitting["offer"], "gpu": fitting["gpu"], "provider": fitting["provider"],
             "strategy": fitting["strategy"], "strategy_label": fitting["strategy_label"], "verdict": fitting["verdict"],
             "unmodelled": fitting["unmodelled"], "idle_gpus": fitting["idle_gpus"], "software": fitting["software"],
+            "needs_ddp_loop": fitting["needs_ddp_loop"] if "needs_ddp_loop" in fitting else False,
             "variants_in": hours.map({h: ", ".join(variants[i].id for i in c) for h, c in chosen.items()}),
             "variants_out": hours.map({h: ", ".join(v.id for i, v in enumerate(variants) if i not in c)
                                        for h, c in chosen.items()}),
@@ -125,6 +126,19 @@ def ordered(sheet: pd.DataFrame) -> pd.Series | None:
     return None if rows.empty else rows.iloc[0]
 
 
+def nothing_to_order(sheet: pd.DataFrame) -> str:
+    """Why no offer is recommended, in the terms of the rule that recommends (select.preference)."""
+    fits = sheet[sheet["verdict"] != NO_FIT]
+    if fits.empty:
+        return "no offer fits this campaign"
+    loop = fits.get("needs_ddp_loop", pd.Series(False, index=fits.index)).fillna(False).astype(bool)
+    if loop.all():
+        return (f"the offers that fit have several GPUs, and {fits.loc[loop].iloc[0]['strategy_why']}. Add a one-GPU "
+                "offer to the catalog, or run your loop under DDP (torchrun, the callback in each rank) and plan "
+                "from those lines")
+    return "no offer that fits can be recommended (listed but not sized for its software, or without a cost)"
+
+
 def mark_ordered(sheet: pd.DataFrame, offer_id: str | None) -> pd.DataFrame:
     """The sheet with its `ordered` column: the decision every output (sheet, stdout, order.json, sky.yaml,
     pictures, budget) tells. An unknown id is refused with the nearest ones."""
@@ -143,6 +157,11 @@ def mark_ordered(sheet: pd.DataFrame, offer_id: str | None) -> pd.DataFrame:
                                  f"{fmt_bytes(row['usable_bytes'])} usable, at micro-batch 1): an order for it would "
                                  "run out of memory. Order one that fits or is tight (selection.csv), or leave out "
                                  "--offer for the recommendation.")
+            if bool(row.get("needs_ddp_loop", False)):
+                raise InputError(f"offer {offer_id} has {int(row['gpus_per_instance']) * int(row['nodes'])} GPUs, "
+                                 f"and {row['strategy_why']}. An order for it would pay for GPUs the loop leaves "
+                                 "idle. Order a one-GPU offer (selection.csv), or run your loop under DDP (torchrun, "
+                                 "the callback in each rank) and plan from those lines.")
             if pd.isna(row["campaign_cost_usd_high"]):
                 raise InputError(f"offer {offer_id} has no time, so no cost: {row['time_basis']}. Order another "
                                  "offer, or complete the catalog's figures for its GPU.")

@@ -73,9 +73,27 @@ def family_lines(lines: pd.DataFrame, campaign: Campaign) -> pd.DataFrame:
             + " ".join(f"-p {k}={v}" for k, v in campaign.params.items()))
     fam = same[(same["optimizer"] == campaign.optimizer) & (same["checkpointing"] == campaign.checkpointing)]
     if fam.empty:
-        raise LedgerError(f"no lines with optimizer={campaign.optimizer} checkpointing="
-                          f"{'on' if campaign.checkpointing else 'off'} for {campaign.workload}; probe them first.")
+        ck = "on" if campaign.checkpointing else "off"
+        own = sorted(set(same["source"].fillna("").replace("", "probe")) - {"probe"}) if "source" in same else []
+        how = (f"run your loop ({', '.join(own)}) with them" if own else
+               f"probe them: rentplan probe -w {campaign.workload} --optimizer {campaign.optimizer} --checkpointing "
+               f"{ck} (with your other options)")
+        raise LedgerError(f"no lines with optimizer={campaign.optimizer} checkpointing={ck} for {campaign.workload}."
+                          f"{held(same, campaign)} Or {how}.")
     return fam
+
+
+def held(same: pd.DataFrame, campaign: Campaign) -> str:
+    """What the workload's lines were recorded with, and the spec lines that match them (a callback records the
+    trainer's optimizer, e.g. the HF Trainer's default adamw_fused, where a spec without `optimizer` says adamw)."""
+    pairs = sorted(set(zip(same["optimizer"], same["checkpointing"].astype(bool))))[:4]
+    said = []
+    for opt, ck in pairs:
+        keys = [f"optimizer: {opt}"] if opt != campaign.optimizer else []
+        keys += [f"checkpointing: {str(ck).lower()}"] if ck != campaign.checkpointing else []
+        said.append(f"optimizer={opt} lines (checkpointing {'on' if ck else 'off'}): to plan from them, write "
+                    + " and ".join(f"`{k}`" for k in keys) + " in the spec")
+    return f" The ledger holds {'; '.join(said)}." if said else ""
 
 
 @dataclass
@@ -106,6 +124,7 @@ class CampaignFamily:
         self.facts = run_facts(fam_lines)
         self.seq, self.seq_note = campaign_seq_len(campaign, fam_lines)
         self.micro_batch = campaign.micro_batch or campaign.effective_batch
+        self.one_process_loop = one_process_loop(self.facts)
         self._cache: dict[tuple, FamilyModels | None] = {}
 
     def exact(self, precision: str, target: str | None = None, world_size: int = 1) -> FamilyModels | None:
@@ -157,6 +176,18 @@ class CampaignFamily:
 
     def any(self) -> bool:
         return bool((self.facts["complete"] & (self.facts["world_size"] == 1)).any()) if len(self.facts) else False
+
+
+def one_process_loop(facts: pd.DataFrame) -> str:
+    """The user's own loop (callbacks, --script) when it wrote every run of the family, each as one process: its
+    sources ("hf-trainer", "script", ...), else "". rentplan starts only its own loop under DDP or FSDP; the
+    user's loop runs as the user wrote it, so a world size of 1 stays 1 whatever the offer."""
+    if facts.empty or "source" not in facts:
+        return ""
+    sources = set(facts["source"].fillna("probe").replace("", "probe"))
+    if "probe" in sources or (pd.to_numeric(facts["world_size"]) > 1).any():
+        return ""
+    return ", ".join(sorted(sources))
 
 
 def campaign_seq_len(campaign: Campaign, fam_lines: pd.DataFrame) -> tuple[int, str]:
@@ -219,11 +250,13 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
 
 def preference(df: pd.DataFrame, cost: str, hours: str, work: tuple[str, ...] = ()) -> pd.DataFrame:
     """Offers a recommendation may name, best first, by one rule used for the sheet's recommendation and each
-    window's ★: never a GPU whose software stack rentplan has not sized (ROCm); fully modelled before an offer
+    window's ★: never a GPU whose software stack rentplan has not sized (ROCm), nor GPUs the user's one-process
+    loop would leave idle (`needs_ddp_loop`); fully modelled before an offer
     whose need leaves something out (the row's `unmodelled` says what); fits before tight; no idle GPU before
     idle ones; then the most work (`work`: columns to sort ascending, e.g. minus the variants a window holds per
     priority); then the cheapest (`cost`), the quickest (`hours`) and the id."""
-    ok = df[(df["verdict"] != NO_FIT) & df[cost].notna() & (df["software"] == "cuda")]
+    loop = df["needs_ddp_loop"].fillna(False).astype(bool) if "needs_ddp_loop" in df else False
+    ok = df[(df["verdict"] != NO_FIT) & df[cost].notna() & (df["software"] == "cuda") & ~loop]
     keys = ok.assign(_m=ok["unmodelled"].fillna("") != "", _v=ok["verdict"].map({FITS: 0, TIGHT: 1}),
                      _i=ok["idle_gpus"] > 0)
     return keys.sort_values(["_m", "_v", "_i", *work, cost, hours, "offer"])
@@ -300,7 +333,7 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         max_mb = plan_mb
         max_seq, seq_extrap = max_seq_len(fam.memory, 1, gpu.usable_bytes - ctx, seq_limit)
     plan = choose_strategy(campaign, catalog, gpu, offer, fam, precision, seq, plan_mb, headroom,
-                           fams.sharded(precision, offer.gpus_per_instance * offer.nodes))
+                           fams.sharded(precision, offer.gpus_per_instance * offer.nodes), fams.one_process_loop)
     need, mb, accum, replicas = plan["need"], plan["micro_batch"], plan["grad_accum"], plan["replicas"]
     if plan["kind"] == "fsdp":  # the single-process search says 0 (states do not fit one GPU); sharded, the
         max_mb, mb_extrap, max_seq, seq_extrap = mb, False, seq, False  # planned shape is what is known to fit
@@ -328,6 +361,7 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "examples_per_update": mb * accum * replicas, "eval_micro_batch": campaign.eval.micro_batch or mb,
         "seq_len": seq, "strategy": plan["kind"], "strategy_label": plan["label"], "strategy_why": plan["why"], "verdict": plan["verdict"],
         "idle_gpus": offer.gpus_per_instance * offer.nodes - replicas,
+        "needs_ddp_loop": bool(plan.get("needs_ddp_loop")),
         "evidence": fam.evidence.describe(), "run_ids": ", ".join(fam.evidence.run_ids),
         "min_cuda": gpu.min_cuda, "software": gpu.software, "compute_capability": gpu.compute_capability,
         "unmodelled": "; ".join(x for x in (plan.get("unmodelled", ""), not_sized(gpu)) if x),
@@ -350,10 +384,11 @@ def not_sized(gpu: Gpu) -> str:
 
 
 def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fam: FamilyModels, precision: str,
-                    seq: int, max_mb: int, headroom: float, sharded: MemoryModel | None) -> dict:
+                    seq: int, max_mb: int, headroom: float, sharded: MemoryModel | None, own_loop: str = "") -> dict:
     """Single GPU, DDP or FSDP on this offer, and why. One GPU per instance: single. Several: DDP when a replica
     fits one GPU and the replicas make the update faster than one GPU does (all-reduce included); FSDP when
-    model states and an example do not fit one GPU."""
+    model states and an example do not fit one GPU. The user's own loop run as one process (own_loop: its
+    sources) stays one process: one GPU used, the row marked `needs_ddp_loop` (never recommended nor ordered)."""
     one_ctx, usable = catalog.context_bytes + outside_bytes(fam, gpu, catalog), gpu.usable_bytes
     gpus = offer.gpus_per_instance * offer.nodes
     eval_mb_fixed, eval_seq = campaign.eval.micro_batch, campaign.eval.seq_len
@@ -402,6 +437,12 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
         return {**one, "kind": "single", "label": "single",
                 "why": "one GPU per instance" + ("" if one["verdict"] != NO_FIT else
                                                  "; it does not hold the model states and an example")}
+    if own_loop:
+        return {**one, "kind": "single", "label": "single; needs your loop to run DDP", "needs_ddp_loop": True,
+                "notes": one["notes"] + [f"{gpus - 1} of {gpus} GPUs idle: needs your loop to run DDP"],
+                "why": f"your own loop ({own_loop}) ran as one process (world size 1): rentplan cannot make it "
+                       f"data-parallel, so this offer is planned on 1 of its {gpus} GPUs; needs your loop to run "
+                       "DDP (e.g. under torchrun) to use the others, so it is never recommended for this loop"}
     # as many replicas as split the effective batch (at a stated micro-batch, into whole windows of it)
     replicas = max(r for r in range(1, gpus + 1) if campaign.effective_batch % (r * (fixed or 1)) == 0)
     ddp = plan_for(replicas)
@@ -640,8 +681,9 @@ def require_feasible(sheet: pd.DataFrame, catalog: Catalog) -> None:
 
 
 # One market: offers a person would not tell apart but by price (same provider, instance type, GPU, count, nodes,
-# region, spot): a SkyPilot catalog lists one instance type once per zone.
-MARKET = ["provider", "instance", "gpu", "gpus_per_instance", "nodes", "region", "spot"]
+# region, spot, billing minimum): a SkyPilot catalog lists one instance type once per zone. A capacity block of
+# an instance type (billed 24 h at least) is bought apart from its on-demand hours, so it is a market of its own.
+MARKET = ["provider", "instance", "gpu", "gpus_per_instance", "nodes", "region", "spot", "billing_minimum_hours"]
 
 
 def best_per_market(sheet: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

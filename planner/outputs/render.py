@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from planner import PACKAGE_DIR, __version__
 from planner.inputs.campaign_spec import KEPT_CHECKPOINTS, Campaign
 from planner.inputs.catalog import Catalog
 from planner.outputs.orders import provenance, stack_for
-from planner.decisions.plans import ordered, recommend, window_notes
+from planner.decisions.plans import nothing_to_order, ordered, recommend, window_notes
 from planner.decisions.select import NO_FIT
 from planner.storage import atomic_write, made_or_nothing
 from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
@@ -300,6 +301,7 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
               "its need basis"] if "estimated" in modes else []),
         "recommended": None if rec is None else order_context(rec, sheet, lines),
         "order_for_this_machine": bool(sheet.attrs.get("order_for_this_machine")),
+        "nothing_to_order": nothing_to_order(sheet) if rec is None else "",
         "window_notes": window_notes(plans, sheet),
         "rows": sheet_rows(fitting.head(MARKDOWN_ROWS)),  # the markdown sheet's; selection.csv holds them all
         "all_rows": sheet_rows(by_cost(sheet)),  # the HTML sheet's: every offer, cheapest first, filterable
@@ -357,7 +359,9 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
     from planner.outputs.figures import available, order_sheet_figures
 
     sweep_orphans(out)
+    launch, verify_path = order_files(order, lines, out, spec_path, len(campaign.variants))
     ctx = build_context(campaign, sheet, plans, budget, lines, catalog, headroom)
+    ctx["verify_command"] = f"rentplan verify {shlex.quote(verify_path)}"  # as sky.yaml's run line says it
     ctx["figures"] = order_sheet_figures(lines, sheet, plans, headroom)
     ctx["figures_note"] = "" if available() else "No pictures: install the report extra (pip install 'rentplan[report]')."
     files = {
@@ -368,7 +372,7 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
         "order_sheet.html": render_template("order_sheet.html.j2", ctx),
         "budget.md": render_template("budget.md.j2", ctx),
     }
-    files.update(order_files(order, lines, out, spec_path, len(campaign.variants)))
+    files.update(launch)
     written = []
     with made_or_nothing(out):
         for name, text in files.items():
@@ -383,23 +387,27 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
 LAUNCH_FILES = ("order.json", "sky.yaml", "order-campaign.yaml")
 
 
-def order_files(order: dict | None, lines: pd.DataFrame, out: Path, spec_path: str | None, runs: int) -> dict:
+def order_files(order: dict | None, lines: pd.DataFrame, out: Path, spec_path: str | None,
+                runs: int) -> tuple[dict, str]:
     """order.json and, for an offer on a CUDA GPU, what launches it (sky.yaml and the campaign as ordered, every
-    path as the rented machine reads it: planner/outputs/launch.py). A file this decision has none of maps to
-    None, so an earlier plan's copy does not stay beside this order."""
+    path as the rented machine reads it: planner/outputs/launch.py), and the path `rentplan verify` is given there
+    (sky.yaml's, else order.json's from the folder plan ran in). A file this decision has none of maps to None, so
+    an earlier plan's copy does not stay beside this order."""
     files: dict = dict.fromkeys(LAUNCH_FILES)
+    verify_path = os.path.relpath(out / "order.json") if out.resolve().is_relative_to(Path.cwd().resolve()) \
+        else str((out / "order.json").resolve())
     if order is None:
-        return files
+        return files, verify_path
     if spec_path is not None and order["offer"]["id"] != "local" and order["expect"]["device_kind"] == "cuda":
         from planner.outputs.launch import SPEC_NAME, launch_files
         from planner.outputs.skypilot import order_task
 
         launch = launch_files(order, spec_path, str(out))
-        order = launch.order
+        order, verify_path = launch.order, launch.order_path
         files["sky.yaml"] = order_task(order, launch, lines, runs)
         files[SPEC_NAME] = launch.spec_text
     files["order.json"] = json.dumps(_no_nan(order), indent=2, default=_json_default, allow_nan=False)
-    return files
+    return files, verify_path
 
 
 def _no_nan(obj):

@@ -58,6 +58,16 @@ def disk_gb(checkpoint_bytes: int | None, export_bytes: int | None, runs: int = 
     return max(MIN_DISK_GB, MIN_DISK_GB + math.ceil(need / GiB))
 
 
+def disk_basis(checkpoint_bytes: int | None, export_bytes: int | None, runs: int = 1) -> str:
+    """What disk_gb counts, with the sizes it counted (a comment beside the task)."""
+    from planner.units import fmt_bytes
+
+    size = lambda b: fmt_bytes(b) if b else "not measured"  # noqa: E731
+    return (f"# disk_size {disk_gb(checkpoint_bytes, export_bytes, runs)} GB = {MIN_DISK_GB} GB floor (environment, "
+            f"data) + {runs} run(s) × ({KEPT_CHECKPOINTS} kept checkpoints × {size(checkpoint_bytes)} + export "
+            f"{size(export_bytes)}), rounded up to whole GiB\n")
+
+
 def strategy_kind(order: dict) -> str:
     """single | ddp | fsdp (orders written before strategy_label existed held the label, e.g. "ddp × 8", here)."""
     return str(order["settings"]["strategy"]).split()[0]
@@ -148,7 +158,8 @@ def sky_yaml(order: dict, launch: Launch, checkpoint_bytes: int | None = None, e
               if str(decision.get("chosen_by", "")).startswith("you") else "; rentplan's recommendation")
     head = (f"# SkyPilot task for the rentplan order of {json.dumps(str(order['campaign']))} "
             f"(offer {json.dumps(str(order['offer']['id']))}{chosen}).\n"
-            "# Launch from the folder rentplan plan ran in: sky launch -c rentplan THIS_FILE\n")
+            "# Launch from the folder rentplan plan ran in: sky launch -c rentplan THIS_FILE\n"
+            + disk_basis(checkpoint_bytes, export_bytes, runs))
     return head + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=1000, allow_unicode=False)
 
 

@@ -41,12 +41,14 @@ def render(df: pd.DataFrame, fmt: str = "table", floatfmt: str = ".4g") -> str:
     return tabulate(rows, headers=list(df.columns), tablefmt=tablefmt, floatfmt=floatfmt, disable_numparse=True)
 
 
-def lines_view(df: pd.DataFrame, fmt: str) -> pd.DataFrame:
-    """Machine formats get every field in raw units; people get a readable subset."""
+def lines_view(df: pd.DataFrame, fmt: str, workload: bool = False) -> pd.DataFrame:
+    """Machine formats get every field in raw units; people get a readable subset (with the workload where the
+    lines may be of several: the ledger's)."""
     if fmt in ("csv", "json"):
         return df.drop(columns=["seq"], errors="ignore")
     view = pd.DataFrame({
         "run": df["run_id"],
+        **({"workload": df["workload"]} if workload else {}),
         "config": [f"mb{r.micro_batch}×{r.seq_len} acc{r.grad_accum} {r.precision} {r.optimizer}"
                    f"{' ckpt' if r.checkpointing else ''}{' cap=' + r.cap if r.cap else ''}"
                    f"{' @' + r.target if getattr(r, 'target', None) else ''}"
