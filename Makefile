@@ -87,7 +87,7 @@ wheelhouse: .wheelhouse/ready
 .wheelhouse/ready: pyproject.toml Makefile
 	rm -rf .wheelhouse && mkdir -p .wheelhouse
 	$(PYTHON) -m pip download -q --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) --implementation cp \
-	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .wheelhouse "pydantic>=2.5"
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .wheelhouse "pydantic>=2.5" "pathspec>=0.12"
 	touch $@
 
 clean:

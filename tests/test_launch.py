@@ -128,21 +128,6 @@ def test_hostile_campaign_names_and_variant_ids_are_refused_or_inert(tmp_path, m
     assert_sky_yaml_is_data(root / "o" / "sky.yaml", "o")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("out", ["$(touch PWNED)", "my orders", "x;touch PWNED", "o'q\"", "-o", "~", "a`id`"])
-def test_out_folders_a_shell_would_read_are_refused(tmp_path, monkeypatch, out):
-    """SkyPilot makes each mount's folder with an unquoted `mkdir -p` on the machine (and quotes local paths with
-    Python's repr): a folder name a shell reads twice never reaches sky.yaml."""
-    root = user_project(tmp_path / "p")
-    monkeypatch.chdir(root)
-    listing = lambda: sorted(p.name for p in root.iterdir() if not p.name.startswith("rentplan.db-"))  # noqa: E731
-    before = listing()  # (SQLite's own -shm beside a WAL ledger read read-only is another matter: issue 28)
-    r = CliRunner().invoke(cli, ["plan", "--campaign", "campaign.yaml", "--ledger", "rentplan.db", "--out", out,
-                                 "--offer", "vast-rtx_4090-1x"])
-    assert r.exit_code == 1 and r.output.startswith("Error: the --out folder"), r.output
-    assert listing() == before and not (root / "PWNED").exists()
-
-
 def assert_sky_yaml_is_data(path: Path, out: str) -> None:
     """sky.yaml parses; its keys are the task's; each setup and run line splits into the intended argv."""
     task = yaml.safe_load(path.read_text())
@@ -183,7 +168,8 @@ def test_a_name_with_a_newline_is_refused_and_a_shell_word_stays_data(tmp_path, 
     assert_sky_yaml_is_data(root / "o" / "sky.yaml", "o")
     r = CliRunner().invoke(cli, ["plan", "--campaign", "campaign.yaml", "--ledger", "rentplan.db", "--out",
                                  "x;touch PWNED", "--offer", "vast-rtx_4090-1x"])
-    assert r.exit_code == 1 and "unquoted `mkdir -p`" in r.output and not (root / "x;touch PWNED").exists()
+    assert r.exit_code == 0 and not (root / "PWNED").exists(), r.output  # mounted under a safe name: the test below
+    assert "~/sky_workdir/.rentplan-launch/order/order.json" in mounts_of(root / "x;touch PWNED" / "sky.yaml")
 
 
 @pytest.mark.slow
@@ -248,3 +234,177 @@ def test_a_workload_module_outside_the_launch_folder_is_refused(tmp_path, monkey
     assert r.exit_code == 0, r.output
     mounts = yaml.safe_load((proj / "o" / "sky.yaml").read_text())["file_mounts"]
     assert {"~/sky_workdir/mypkg/__init__.py", "~/sky_workdir/mypkg/wl.py"} <= set(mounts)
+
+
+# ---------------------------------------------------------------- what is uploaded: links, names, sizes
+
+def plan_in(root: Path, monkeypatch, *extra, out="o"):
+    monkeypatch.chdir(root)
+    return CliRunner().invoke(cli, ["plan", "--campaign", "campaign.yaml", "--ledger", "rentplan.db", "--out", out,
+                                    "--offer", "vast-rtx_4090-1x", *extra])
+
+
+def mounts_of(sky: Path) -> dict:
+    return yaml.safe_load(sky.read_text())["file_mounts"]
+
+
+@pytest.mark.parametrize("name, target", [("passwd.py", "etc/passwd"), ("id_rsa.py", "home/.ssh/id_rsa"),
+                                          ("ssh.py", "home/.ssh")])
+def test_a_link_beside_the_workload_out_of_the_launch_folder_is_refused_by_name(tmp_path, monkeypatch, name, target):
+    """User: `wl/passwd.py -> /etc/passwd` and `wl/id_rsa.py -> ~/.ssh/id_rsa` beside the workload ended up,
+    contents and all, in SkyPilot's upload; a linked folder `wl/ssh.py -> ~/.ssh` had each file mounted."""
+    outside = tmp_path / "outside"
+    (outside / "home" / ".ssh").mkdir(parents=True)
+    (outside / "home" / ".ssh" / "id_rsa").write_text("SECRET KEY")
+    (outside / "etc").mkdir()
+    (outside / "etc" / "passwd").write_text("root:x:0:0")
+    root = user_project(tmp_path / "p")
+    (root / "private" / name).symlink_to(outside / target)
+    r = plan_in(root, monkeypatch)
+    assert r.exit_code == 1 and r.output.startswith("Error: "), r.output
+    assert f"private/{name}" in r.output and "links to" in r.output and str(outside / target) in r.output, r.output
+    assert not (root / "o").exists()
+
+
+def test_a_name_skyignore_lists_is_not_added_even_a_linked_folder(tmp_path, monkeypatch):
+    """.skyignore is the user's word on what leaves the machine: rentplan adds no sibling it names (and, with it
+    named, a linked folder beside the workload is no error)."""
+    root = user_project(tmp_path / "p")
+    (tmp_path / "ssh").mkdir()
+    (tmp_path / "ssh" / "id_rsa").write_text("SECRET KEY")
+    (root / "private" / "ssh.py").symlink_to(tmp_path / "ssh")
+    (root / "private" / "notes_secret.py").write_text("TOKEN = 'x'\n")
+    (root / "private" / "helper.py").write_text("X = 1\n")
+    (root / ".skyignore").write_text("private/ssh.py\n*_secret.py\n")
+    r = plan_in(root, monkeypatch)
+    assert r.exit_code == 0, r.output
+    mounts = mounts_of(root / "o" / "sky.yaml")
+    assert "~/sky_workdir/private/helper.py" in mounts and "~/sky_workdir/private/wl.py" in mounts
+    assert not [m for m in mounts if "ssh" in m or "secret" in m], mounts
+
+
+def hf_cache_snapshot(parent: Path, weights_bytes: int) -> Path:
+    """A model as the Hugging Face hub caches it: snapshots/REV/* are links into ../../blobs."""
+    entry = parent / "models--org--tiny"
+    (entry / "blobs").mkdir(parents=True)
+    snap = entry / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (entry / "blobs" / "c0nf1g").write_text('{"model_type": "llama"}')
+    with open(entry / "blobs" / "we1ght5", "wb") as f:
+        f.truncate(weights_bytes)  # sparse: its size, not its bytes
+    (snap / "config.json").symlink_to("../../blobs/c0nf1g")
+    (snap / "model.safetensors").symlink_to("../../blobs/we1ght5")
+    return snap
+
+
+def hf_project(tmp_path: Path, snap_parent: Path, weights_bytes: int) -> tuple[Path, Path]:
+    root = user_project(tmp_path / "p")
+    snap = hf_cache_snapshot(snap_parent, weights_bytes)
+    text = (root / "campaign.yaml").read_text().replace("private/wl.py:make", "private/wl.py:make")
+    spec = yaml.safe_load(text)
+    spec["params"]["data"] = str(snap)
+    (root / "campaign.yaml").write_text(yaml.safe_dump(spec))
+    import sqlite3
+
+    with sqlite3.connect(root / "rentplan.db") as db:
+        db.execute("UPDATE lines SET params_json = ?", (json.dumps(spec["params"], sort_keys=True),))
+    return root, snap
+
+
+@pytest.mark.parametrize("where", ["inside", "home cache"])
+def test_a_hugging_face_cache_snapshot_is_mounted_through_its_links_and_counted_on_the_disk(tmp_path, monkeypatch,
+                                                                                           where):
+    """User: an hf: folder laid out like the Hugging Face cache (files that are links into ../../blobs) had its
+    links mounted unchecked and its 50 GB weights left out of disk_size. Links into the cache entry's own blobs are
+    followed (mounted under the names the model reads, from the blob); disk_size counts every upload, and sky.yaml
+    lists each with its size."""
+    root, snap = hf_project(tmp_path, (tmp_path / "p" / "models") if where == "inside" else tmp_path / "cache",
+                            50 * 10**9)
+    r = plan_in(root, monkeypatch)
+    assert r.exit_code == 0, r.output
+    text = (root / "o" / "sky.yaml").read_text()
+    mounts = mounts_of(root / "o" / "sky.yaml")
+    weights = next(k for k in mounts if k.endswith("/model.safetensors"))
+    assert mounts[weights].endswith("blobs/we1ght5")  # the file itself, not a link SkyPilot would copy as a link
+    disk = yaml.safe_load(text)["resources"]["disk_size"]
+    assert disk >= 100 + 47, disk  # 50e9 bytes = 46.6 GiB
+    assert "uploads 46.57 GiB" in text and "model.safetensors\" 46.57 GiB" in text, text
+
+
+@pytest.mark.parametrize("bad", ["tokenizer.json -> /etc", "sub -> folder"])
+def test_a_link_in_a_cache_snapshot_that_leaves_its_entry_is_refused(tmp_path, monkeypatch, bad):
+    root, snap = hf_project(tmp_path, tmp_path / "cache", 1000)
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "passwd").write_text("root:x:0:0")
+    if bad.startswith("tokenizer"):
+        (snap / "tokenizer.json").symlink_to(tmp_path / "etc" / "passwd")
+        name = "tokenizer.json"
+    else:
+        (tmp_path / "cache" / "models--org--tiny" / "blobs" / "d1r").mkdir()
+        (snap / "sub").symlink_to("../../blobs/d1r")  # a linked folder: never walked, said
+        name = "sub"
+    r = plan_in(root, monkeypatch)
+    assert r.exit_code == 1 and r.output.startswith("Error: ") and name in r.output, r.output
+    assert not (root / "o").exists()
+
+
+def test_a_huge_sibling_counts_on_the_disk(tmp_path, monkeypatch):
+    """User: a 300 GB sibling of the workload was mounted with disk_size: 101."""
+    root = user_project(tmp_path / "p")
+    with open(root / "private" / "big_table.py", "wb") as f:
+        f.truncate(300 * 10**9)
+    r = plan_in(root, monkeypatch)
+    assert r.exit_code == 0, r.output
+    text = (root / "o" / "sky.yaml").read_text()
+    assert yaml.safe_load(text)["resources"]["disk_size"] >= 100 + 280
+    assert "\"private/big_table.py\" 279.40 GiB" in text
+
+
+@pytest.mark.parametrize("sibling", ["my notes.py", "café.py"])
+def test_a_sibling_sky_yaml_cannot_name_leaves_only_sky_yaml_out(tmp_path, monkeypatch, sibling):
+    """User: a sibling named `my notes.py` or `café.py` refused the whole plan. The sheet, the plans and the order
+    are written; only sky.yaml (and the campaign it runs) is left out, with the reason on stdout and the sheet."""
+    root = user_project(tmp_path / "p")
+    (root / "private" / sibling).write_text("X = 1\n")
+    r = plan_in(root, monkeypatch)
+    assert r.exit_code == 0, r.output
+    out = root / "o"
+    assert (out / "order.json").exists() and (out / "order_sheet.md").exists() and (out / "plans.csv").exists()
+    assert not (out / "sky.yaml").exists() and not (out / "order-campaign.yaml").exists()
+    for text in (r.output, (out / "order_sheet.md").read_text()):
+        assert "no sky.yaml" in text and sibling in text, text
+
+
+@pytest.mark.parametrize("out", ["o_é", "o_☃ ü", "my orders", "x;touch PWNED", "-o", "~"])
+def test_an_out_folder_of_any_name_still_launches(tmp_path, monkeypatch, out):
+    """User: `plan --out o_é` or `--out "o_☃ ü"` refused the whole plan. The order's own files are rentplan's to
+    name on the machine: they go under a safe name there, and sky.yaml's verify names that path."""
+    root = user_project(tmp_path / "p")
+    r = plan_in(root, monkeypatch, out=out)
+    assert r.exit_code == 0, r.output
+    task = yaml.safe_load((root / out / "sky.yaml").read_text())
+    verify = shlex.split(task["run"].splitlines()[3])
+    assert verify[:2] == ["rentplan", "verify"] and f"~/sky_workdir/{verify[2]}" in task["file_mounts"]
+    assert task["file_mounts"][f"~/sky_workdir/{verify[2]}"] == f"./{out}/order.json"
+    assert not (root / "PWNED").exists()
+
+
+@pytest.mark.parametrize("out", ["$(touch PWNED)", "o'q\"", "a`id`"])
+def test_an_out_folder_a_shell_would_read_leaves_only_sky_yaml_out(tmp_path, monkeypatch, out):
+    root = user_project(tmp_path / "p")
+    r = plan_in(root, monkeypatch, out=out)
+    assert r.exit_code == 0, r.output
+    assert (root / out / "order.json").exists() and not (root / out / "sky.yaml").exists()
+    assert "no sky.yaml" in r.output and not (root / "PWNED").exists()
+
+
+def test_the_rentplan_source_passes_the_same_checks(tmp_path, monkeypatch):
+    """User: a rentplan checkout under `x$(touch SRC_PWNED) q` went into file_mounts unchecked."""
+    src = tmp_path / "x$(touch SRC_PWNED) q"
+    src.mkdir()
+    monkeypatch.setattr("planner.outputs.skypilot.rentplan_source", lambda: str(src))
+    root = user_project(tmp_path / "p")
+    r = plan_in(root, monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert (root / "o" / "order.json").exists() and not (root / "o" / "sky.yaml").exists()
+    assert "no sky.yaml" in r.output and "rentplan source" in r.output, r.output

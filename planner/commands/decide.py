@@ -69,7 +69,7 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
     if out:
         written = write_outputs(Path(out), campaign, result.sheet, result.plans, result.budget, result.lines,
                                 catalog, headroom, order, spec_path=str(campaign_path),
-                                dearer=result.dearer if all_offers else None)
+                                dearer=result.dearer if all_offers else None, on_note=click.echo)
         progress("wrote " + ", ".join(str(p) for p in written))
     if fmt == "json":
         click.echo(json.dumps({"selection": json.loads(render(result.sheet, "json")),

@@ -53,39 +53,85 @@ def launch_path_problem(rel: str) -> str | None:
     return None
 
 
+class Unmountable(InputError):
+    """A file sky.yaml cannot carry under its name (the plan is still written: only sky.yaml and the campaign it
+    runs are left out, with this reason on stdout and the sheet)."""
+
+
+def source_problem(path: Path | str, what: str) -> None:
+    if UNSAFE_SOURCE.search(str(path)):
+        raise Unmountable(f"{what} {path}: a quote, '$', a backtick or a backslash in a path that SkyPilot uploads "
+                          "reaches a shell on this machine; rename it")
+
+
+def _inside(path: Path, folders) -> bool:
+    return any(path == f or path.is_relative_to(f) for f in folders)
+
+
+def _own_tree(folder: Path) -> Path:
+    """Where links found in a mounted folder may lead: the folder itself, or, for a snapshot of the Hugging Face
+    cache (models--ORG--NAME/snapshots/REV, whose files are links into ../../blobs), its cache entry."""
+    if folder.parent.name == "snapshots" and (folder.parent.parent / "blobs").is_dir():
+        return folder.parent.parent.resolve()
+    return folder.resolve()
+
+
 @dataclass
 class Layout:
-    """Local files and the paths (relative to the remote working folder) they are mounted at."""
+    """Local files and the paths (relative to the remote working folder) they are mounted at.
+
+    What rentplan adds by itself (the .py files beside a workload, the files of a mounted folder) follows three
+    rules: a name .skyignore lists is not added (SkyPilot's own word for what stays home; .gitignore is not, since
+    the files a run needs are often git-ignored); a link is followed only to a file inside the launch folder or the
+    folder it was found in (a Hugging Face cache snapshot: its cache entry), else the plan is refused naming it; a
+    linked folder is never walked. A file the spec names itself is mounted as named (the user asked for it)."""
 
     root: Path  # the launch folder
     mounts: dict[str, str] = field(default_factory=dict)  # remote relative path -> local path as sky reads it
     outside: dict[str, int] = field(default_factory=dict)  # a folder outside the launch folder -> its number
+    sizes: dict[str, int] = field(default_factory=dict)  # remote relative path -> bytes uploaded
+    _ignore: object = None
 
-    def place(self, local: str | Path, what: str) -> str:
+    def place(self, local: str | Path, what: str, found: bool = False) -> str | None:
         """Mount a file (or every file of a folder, each by name) and return where it lands, relative to the remote
-        working folder. `what` names it in an error (e.g. "the workload file")."""
+        working folder. `what` names it in an error (e.g. "the workload file"); `found`: rentplan found it (a
+        sibling), the user did not name it; such a file that .skyignore lists is left home (None)."""
         path = Path(os.path.abspath(local))
+        if found:
+            if self._ignored(path):
+                return None
+            self._check_link(path, [self.root.resolve(), path.parent.resolve()], what)
         if not path.exists():
             raise InputError(f"{what} {path} does not exist: sky.yaml would carry it to the machine. Fix the "
                              "path in the campaign spec.")
         rel = self._target(path, what)
         if path.is_dir():
             self._folder(path, rel, what)
-        else:
-            self.mounts[rel] = self._source(path)
+        else:  # a link travels as the file it names (SkyPilot would copy a link as a link)
+            self._add(rel, Path(os.path.realpath(path)) if path.is_symlink() else path, what)
         return rel
 
     def reserve(self, local: str | Path, what: str) -> str:
-        """A file this plan is about to write (order.json, the campaign as ordered): mounted like any other."""
+        """A file this plan is about to write (order.json, the campaign as ordered): rentplan's own, so where its
+        name cannot travel it lands under a safe one."""
         path = Path(os.path.abspath(local))
-        rel = self._target(path, what)
+        try:
+            rel = self._target(path, what)
+        except Unmountable:
+            if UNSAFE_SOURCE.search(str(path)):
+                raise
+            rel = f"{OUTSIDE}/order/{path.name}"
+        source_problem(path, what)
         self.mounts[rel] = self._source(path)
         return rel
 
+    def _add(self, rel: str, path: Path, what: str) -> None:
+        source_problem(path, what)
+        self.mounts[rel] = self._source(path)
+        self.sizes[rel] = path.stat().st_size
+
     def _target(self, path: Path, what: str) -> str:
-        if UNSAFE_SOURCE.search(str(path)):
-            raise InputError(f"{what} {path}: a quote, '$', a backtick or a backslash in a path that SkyPilot uploads "
-                             "reaches a shell on this machine; rename it.")
+        source_problem(path, what)
         try:
             rel = path.relative_to(self.root).as_posix()
         except ValueError:
@@ -94,23 +140,53 @@ class Layout:
             rel = f"{OUTSIDE}/{n}/{name}"
         why = launch_path_problem(rel)
         if why:
-            raise InputError(f"{what} {rel}: {why}. Rename it, or plan from (or --out into) a folder without it.")
+            raise Unmountable(f"{what} {rel}: {why}. Rename it, or plan from (or --out into) a folder without it")
         return rel
 
     def _folder(self, path: Path, rel: str, what: str) -> None:
-        files = []
+        tree, files = [self.root.resolve(), _own_tree(path)], []
         for top, dirs, names in os.walk(path):
-            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-            files += [Path(top) / n for n in sorted(names)]
+            for d in dirs:
+                if os.path.islink(os.path.join(top, d)) and not self._ignored(Path(top) / d):
+                    raise InputError(f"{what}: {Path(top, d)} links to a folder ({os.path.realpath(Path(top, d))}): "
+                                     "rentplan walks no linked folder. Copy its files in, or list it in .skyignore.")
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not os.path.islink(os.path.join(top, d)))
+            files += [Path(top) / n for n in sorted(names) if not self._ignored(Path(top) / n)]
             if len(files) > MAX_FILES:
                 raise InputError(f"{what} {path} holds more than {MAX_FILES} files: mount it yourself (a SkyPilot "
                                  "storage mount) and name its path on the machine.")
         for f in files:
+            self._check_link(f, tree, what)
             sub = f"{rel}/{f.relative_to(path).as_posix()}"
             why = launch_path_problem(sub)
             if why:
-                raise InputError(f"{what}: {sub}: {why}. Rename it.")
-            self.mounts[sub] = self._source(f)
+                raise Unmountable(f"{what}: {sub}: {why}. Rename it")
+            self._add(sub, Path(os.path.realpath(f)) if f.is_symlink() else f, what)
+
+    def _check_link(self, path: Path, allowed: list[Path], what: str) -> None:
+        if not path.is_symlink():
+            return
+        real = Path(os.path.realpath(path))
+        if real.is_dir():
+            raise InputError(f"{what} {path} links to a folder ({real}): rentplan walks no linked folder. Copy "
+                             "its files in, or list it in .skyignore.")
+        if not _inside(real, allowed):
+            raise InputError(f"{what} {path} links to {real}, outside the launch folder {self.root} and the folder "
+                             "it sits in: sky.yaml would upload that file. Remove the link, or list it in .skyignore.")
+
+    def _ignored(self, path: Path) -> bool:
+        """Whether the launch folder's .skyignore lists `path` (gitignore patterns, as SkyPilot reads them)."""
+        if self._ignore is None:
+            import pathspec
+
+            f = self.root / ".skyignore"
+            lines = f.read_text(encoding="utf-8", errors="replace").splitlines() if f.is_file() else []
+            self._ignore = pathspec.GitIgnoreSpec.from_lines(lines)
+        try:
+            rel = path.relative_to(self.root).as_posix()
+        except ValueError:
+            return False
+        return self._ignore.match_file(rel) or (path.is_dir() and self._ignore.match_file(rel + "/"))
 
     def _source(self, path: Path) -> str:
         """As sky reads it from the launch folder: './rel' inside it (a leading '~' or '-' stays a name), else the
@@ -122,6 +198,9 @@ class Layout:
 
     def file_mounts(self) -> dict[str, str]:
         return {f"{REMOTE_WORKDIR}/{rel}": src for rel, src in sorted(self.mounts.items())}
+
+    def upload_bytes(self) -> int:
+        return sum(self.sizes.values())
 
 
 def _relative_to(target: str, folder: str) -> str:
@@ -140,7 +219,7 @@ def place_workload(ref: str, base_dir: str, layout: Layout, folder: str) -> str:
         path = Path(resolve_path(target, base_dir))
         for sibling in sorted(path.parent.glob("*.py")) if path.is_file() else []:
             if sibling != path:
-                layout.place(sibling, "a module beside the workload file")
+                layout.place(sibling, "a module beside the workload file", found=True)
         return f"{_relative_to(layout.place(path, 'the workload file'), folder)}:{func}"
     if sep:  # package.module:function: found on the machine through the working folder (on PYTHONPATH there)
         place_module(target, layout)
@@ -168,7 +247,7 @@ def place_module(target: str, layout: Layout) -> None:
     for init in chain[:-1]:
         layout.place(init, "the workload's package")
     for sibling in sorted(chain[-1].parent.glob("*.py")):
-        layout.place(sibling, "the workload module")
+        layout.place(sibling, "the workload module", found=sibling != chain[-1])
 
 
 def place_params(params: dict, base_dir: str, layout: Layout, folder: str) -> dict:

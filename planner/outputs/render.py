@@ -353,15 +353,19 @@ def base_note(params: dict) -> str:
 
 def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, budget: dict,
                   lines: pd.DataFrame, catalog: Catalog, headroom: float, order: dict | None,
-                  spec_path: str | None = None, dearer: pd.DataFrame | None = None) -> list[Path]:
+                  spec_path: str | None = None, dearer: pd.DataFrame | None = None, on_note=None) -> list[Path]:
     """Every file of a plan. dearer: the offers left out of the sheet (a cheaper one of their market is in it),
-    written to selection-all.csv with the sheet's rows when given (`plan --all-offers`), else that file goes."""
+    written to selection-all.csv with the sheet's rows when given (`plan --all-offers`), else that file goes.
+    on_note(text): told what the files cannot do (no sky.yaml, and why)."""
     from planner.outputs.figures import available, order_sheet_figures
 
     sweep_orphans(out)
-    launch, verify_path = order_files(order, lines, out, spec_path, len(campaign.variants))
+    launch, verify_path, launch_note = order_files(order, lines, out, spec_path, len(campaign.variants))
+    if launch_note and on_note:
+        on_note(launch_note)
     ctx = build_context(campaign, sheet, plans, budget, lines, catalog, headroom)
     ctx["verify_command"] = f"rentplan verify {shlex.quote(verify_path)}"  # as sky.yaml's run line says it
+    ctx["launch_note"] = launch_note
     ctx["figures"] = order_sheet_figures(lines, sheet, plans, headroom)
     ctx["figures_note"] = "" if available() else "No pictures: install the report extra (pip install 'rentplan[report]')."
     files = {
@@ -388,26 +392,34 @@ LAUNCH_FILES = ("order.json", "sky.yaml", "order-campaign.yaml")
 
 
 def order_files(order: dict | None, lines: pd.DataFrame, out: Path, spec_path: str | None,
-                runs: int) -> tuple[dict, str]:
+                runs: int) -> tuple[dict, str, str]:
     """order.json and, for an offer on a CUDA GPU, what launches it (sky.yaml and the campaign as ordered, every
     path as the rented machine reads it: planner/outputs/launch.py), and the path `rentplan verify` is given there
     (sky.yaml's, else order.json's from the folder plan ran in). A file this decision has none of maps to None, so
-    an earlier plan's copy does not stay beside this order."""
+    an earlier plan's copy does not stay beside this order. The third item says why sky.yaml was left out ("" when
+    it was not): a file it would carry has a name SkyPilot cannot (planner/outputs/launch.Unmountable); the order
+    and the sheets are written all the same."""
     files: dict = dict.fromkeys(LAUNCH_FILES)
     verify_path = os.path.relpath(out / "order.json") if out.resolve().is_relative_to(Path.cwd().resolve()) \
         else str((out / "order.json").resolve())
+    note = ""
     if order is None:
-        return files, verify_path
+        return files, verify_path, note
     if spec_path is not None and order["offer"]["id"] != "local" and order["expect"]["device_kind"] == "cuda":
-        from planner.outputs.launch import SPEC_NAME, launch_files
+        from planner.outputs.launch import SPEC_NAME, Unmountable, launch_files
         from planner.outputs.skypilot import order_task
 
-        launch = launch_files(order, spec_path, str(out))
-        order, verify_path = launch.order, launch.order_path
-        files["sky.yaml"] = order_task(order, launch, lines, runs)
-        files[SPEC_NAME] = launch.spec_text
+        try:
+            launch = launch_files(order, spec_path, str(out))
+            sky = order_task(launch.order, launch, lines, runs)
+        except Unmountable as e:
+            note = (f"no sky.yaml: {e}. The sheet, plans and order.json are written; launch the order your own "
+                    "way, or fix the name and plan again.")
+        else:
+            order, verify_path = launch.order, launch.order_path
+            files["sky.yaml"], files[SPEC_NAME] = sky, launch.spec_text
     files["order.json"] = json.dumps(_no_nan(order), indent=2, default=_json_default, allow_nan=False)
-    return files, verify_path
+    return files, verify_path, note
 
 
 def _no_nan(obj):

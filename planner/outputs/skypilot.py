@@ -23,7 +23,7 @@ import shlex
 import yaml
 
 from planner.inputs.campaign_spec import KEPT_CHECKPOINTS
-from planner.outputs.launch import OWN_LOOPS, Launch
+from planner.outputs.launch import OWN_LOOPS, Launch, source_problem
 
 GiB = 1024**3
 # Catalog GPU id -> SkyPilot accelerator name (sky/catalog data, `sky show-gpus`).
@@ -51,21 +51,37 @@ def command(*words) -> str:
     return " ".join(w if isinstance(w, Shell) else shlex.quote(str(w)) for w in words)
 
 
-def disk_gb(checkpoint_bytes: int | None, export_bytes: int | None, runs: int = 1) -> int:
-    """Room for the environment and data (the 100 GB floor) plus, for every run of the campaign (one per variant),
-    its kept checkpoints and its exported model: each run keeps its own (probes/campaign.py)."""
-    need = runs * (KEPT_CHECKPOINTS * (checkpoint_bytes or 0) + (export_bytes or 0))
+def disk_gb(checkpoint_bytes: int | None, export_bytes: int | None, runs: int = 1, upload_bytes: int = 0) -> int:
+    """Room for the environment and data (the 100 GB floor), the files sky.yaml uploads, and, for every run of the
+    campaign (one per variant), its kept checkpoints and its exported model: each run keeps its own
+    (probes/campaign.py)."""
+    need = upload_bytes + runs * (KEPT_CHECKPOINTS * (checkpoint_bytes or 0) + (export_bytes or 0))
     return max(MIN_DISK_GB, MIN_DISK_GB + math.ceil(need / GiB))
 
 
-def disk_basis(checkpoint_bytes: int | None, export_bytes: int | None, runs: int = 1) -> str:
-    """What disk_gb counts, with the sizes it counted (a comment beside the task)."""
+MAX_LISTED = 50  # uploads listed by name in sky.yaml's comment; the rest as a count and their bytes
+
+
+def disk_basis(checkpoint_bytes: int | None, export_bytes: int | None, runs: int = 1,
+               uploads: dict[str, int] | None = None) -> str:
+    """What disk_gb counts, with the sizes it counted, and every file uploaded with its size (comments above the
+    task; names as JSON strings, so nothing in them ends a comment line)."""
     from planner.units import fmt_bytes
 
+    uploads = uploads or {}
+    total = sum(uploads.values())
     size = lambda b: fmt_bytes(b) if b else "not measured"  # noqa: E731
-    return (f"# disk_size {disk_gb(checkpoint_bytes, export_bytes, runs)} GB = {MIN_DISK_GB} GB floor (environment, "
-            f"data) + {runs} run(s) × ({KEPT_CHECKPOINTS} kept checkpoints × {size(checkpoint_bytes)} + export "
-            f"{size(export_bytes)}), rounded up to whole GiB\n")
+    lines = [f"# disk_size {disk_gb(checkpoint_bytes, export_bytes, runs, total)} GB = {MIN_DISK_GB} GB floor "
+             f"(environment, data) + uploads {fmt_bytes(total)} + {runs} run(s) × ({KEPT_CHECKPOINTS} kept "
+             f"checkpoints × {size(checkpoint_bytes)} + export {size(export_bytes)}), rounded up to whole GiB"]
+    if uploads:
+        lines.append(f"# uploaded besides the workdir ({len(uploads)} files, {fmt_bytes(total)}; file_mounts below):")
+        biggest = sorted(uploads.items(), key=lambda kv: (-kv[1], kv[0]))
+        lines += [f"#   {json.dumps(rel)} {fmt_bytes(b)}" for rel, b in sorted(biggest[:MAX_LISTED])]
+        if len(biggest) > MAX_LISTED:
+            rest = biggest[MAX_LISTED:]
+            lines.append(f"#   and {len(rest)} smaller files, {fmt_bytes(sum(b for _, b in rest))}")
+    return "\n".join(lines) + "\n"
 
 
 def strategy_kind(order: dict) -> str:
@@ -128,7 +144,7 @@ def sky_task(order: dict, launch: Launch, checkpoint_bytes: int | None = None, e
     gpu = expect["gpu_id"]
     resources: dict = {"accelerators": f"{ACCELERATORS.get(gpu, str(gpu).upper())}:{int(offer['gpus_per_instance'])}",
                        "use_spot": bool(offer.get("spot", False)),
-                       "disk_size": disk_gb(checkpoint_bytes, export_bytes, runs)}
+                       "disk_size": disk_gb(checkpoint_bytes, export_bytes, runs, launch.layout.upload_bytes())}
     cloud = CLOUDS.get(str(offer.get("provider", "")).lower())
     if cloud:
         resources["cloud"] = cloud
@@ -141,7 +157,8 @@ def sky_task(order: dict, launch: Launch, checkpoint_bytes: int | None = None, e
         task["num_nodes"] = int(offer["nodes"])
     task["workdir"] = "."  # the launch folder: the user's project
     mounts = launch.layout.file_mounts()
-    if rentplan_source:
+    if rentplan_source:  # the same rule as every other upload
+        source_problem(rentplan_source, "the rentplan source")
         mounts["~/rentplan"] = rentplan_source
     task["file_mounts"] = mounts
     task["setup"] = "\n".join(setup_lines(order, rentplan_source)) + "\n"
@@ -159,7 +176,7 @@ def sky_yaml(order: dict, launch: Launch, checkpoint_bytes: int | None = None, e
     head = (f"# SkyPilot task for the rentplan order of {json.dumps(str(order['campaign']))} "
             f"(offer {json.dumps(str(order['offer']['id']))}{chosen}).\n"
             "# Launch from the folder rentplan plan ran in: sky launch -c rentplan THIS_FILE\n"
-            + disk_basis(checkpoint_bytes, export_bytes, runs))
+            + disk_basis(checkpoint_bytes, export_bytes, runs, launch.layout.sizes))
     return head + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=1000, allow_unicode=False)
 
 
