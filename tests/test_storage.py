@@ -112,3 +112,21 @@ def test_a_checkpoint_that_fills_the_disk_says_so_and_leaves_no_temporary_file(t
         assert "is full" in shown.output or "error" in shown.output, shown.output
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_an_archive_that_fills_the_disk_leaves_no_half_archive(tmp_path):
+    """`archive RUN --to DIR` onto a disk too small for the weights: the folder it made goes again."""
+    (tmp_path / "c.yaml").write_text(campaign_yaml(
+        params={"layers": 2, "d_model": 256}, seq_len=32, updates=2, effective_batch=2,
+        eval={"every_updates": 2, "examples": 2, "seq_len": 32}, variants=[{"id": "a", "lr": 1e-4}]))
+    r = run(["campaign", "run", tmp_path / "c.yaml", "--ledger", tmp_path / "l.db", "--out", tmp_path / "runs"])
+    assert r.exit_code == 0, r.output
+    run_id = next((tmp_path / "runs").iterdir()).name
+    where = tmp_path / "disk"
+    mount_tmpfs(where, size="1m")
+    try:
+        r = run(["archive", run_id, "--to", where / "arch", "--ledger", tmp_path / "l.db", "--out", tmp_path / "runs"])
+        assert r.exit_code == 1 and "No space left on device" in r.output, r.output
+        assert list(where.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)

@@ -206,7 +206,10 @@ def archive(target, folder, dest, ledger_path, out):
     if Path(dest).exists() and (not Path(dest).is_dir() or any(Path(dest).iterdir())):
         raise InputError(f"{dest} is not empty: an archive is written into a new or empty folder, so that "
                          "nothing else is folded into its manifest. Pass --to NEW_FOLDER.")
-    files = archive_run(ledger_path, target, Path(dest), Path(out))
+    from planner.storage import made_or_nothing
+
+    with made_or_nothing(Path(dest)):  # a disk that fills mid-archive leaves no half archive
+        files = archive_run(ledger_path, target, Path(dest), Path(out))
     click.echo(f"archived {target} to {dest}: {', '.join(files)}")
 
 
