@@ -375,6 +375,7 @@ def test_a_sibling_sky_yaml_cannot_name_leaves_only_sky_yaml_out(tmp_path, monke
         assert "no sky.yaml" in text and sibling in text, text
 
 
+@pytest.mark.slow  # six plans: make test-slow and CI
 @pytest.mark.parametrize("out", ["o_é", "o_☃ ü", "my orders", "x;touch PWNED", "-o", "~"])
 def test_an_out_folder_of_any_name_still_launches(tmp_path, monkeypatch, out):
     """User: `plan --out o_é` or `--out "o_☃ ü"` refused the whole plan. The order's own files are rentplan's to
@@ -389,6 +390,7 @@ def test_an_out_folder_of_any_name_still_launches(tmp_path, monkeypatch, out):
     assert not (root / "PWNED").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("out", ["$(touch PWNED)", "o'q\"", "a`id`"])
 def test_an_out_folder_a_shell_would_read_leaves_only_sky_yaml_out(tmp_path, monkeypatch, out):
     root = user_project(tmp_path / "p")

@@ -95,6 +95,7 @@ def test_a_disk_that_fills_while_the_run_folder_is_made_leaves_no_half_folder(tm
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow  # a campaign run
 def test_a_checkpoint_that_fills_the_disk_says_so_and_leaves_no_temporary_file(tmp_path):
     """User: a campaign whose --out disk fills during a checkpoint save read 'RuntimeError: [enforce fail at
     inline_container.cc:672]' with no word of the disk, and left a 2.2 MB checkpoint-...pt.tmp-PID behind."""
@@ -114,6 +115,7 @@ def test_a_checkpoint_that_fills_the_disk_says_so_and_leaves_no_temporary_file(t
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
+@pytest.mark.slow  # a campaign run
 def test_an_archive_that_fills_the_disk_leaves_no_half_archive(tmp_path):
     """`archive RUN --to DIR` onto a disk too small for the weights: the folder it made goes again."""
     (tmp_path / "c.yaml").write_text(campaign_yaml(

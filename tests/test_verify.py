@@ -161,19 +161,23 @@ def test_a_listed_package_is_looked_up_never_imported(order, monkeypatch):
     assert "[ok  ] packages: installed: torch " in r.output and "yaml 6." in r.output, r.output
 
 
-@pytest.mark.parametrize("edit, where", [
+EDITS = [
     (lambda d: d.update(packages=["evilpkg"]), "packages: unknown key"),
     (lambda d: d["stack"].update(pakages=["torch"]), "stack.pakages: unknown key (did you mean 'packages'?)"),
     (lambda d: d["settings"].update(lr=[[1e-3]]), "settings.lr: unknown key"),
     (lambda d: d["offer"].update(gpus=8), "offer.gpus: unknown key"),
-])
-def test_an_order_with_a_key_rentplan_never_writes_is_refused_by_its_path(order, edit, where):
+]
+
+
+def test_an_order_with_a_key_rentplan_never_writes_is_refused_by_its_path(order):
     """A hand-edited order.json (a misspelt key, a setting verify would silently ignore) is refused before anything
     runs, naming the key as the file spells it; the order as plan wrote it passes."""
     r = CliRunner().invoke(cli, ["verify", str(order), "--skip-pilot"])
     assert "unknown key" not in r.output, r.output
-    doc = json.loads(order.read_text())
-    edit(doc)
-    order.write_text(json.dumps(doc))
-    r = CliRunner().invoke(cli, ["verify", str(order), "--skip-pilot"])
-    assert r.exit_code == 1 and r.output.startswith("Error: ") and where in r.output, r.output
+    written = order.read_text()
+    for edit, where in EDITS:
+        doc = json.loads(written)
+        edit(doc)
+        order.write_text(json.dumps(doc))
+        r = CliRunner().invoke(cli, ["verify", str(order), "--skip-pilot"])
+        assert r.exit_code == 1 and r.output.startswith("Error: ") and where in r.output, r.output
