@@ -68,6 +68,11 @@ def _import_file(target: str, ref: str):
             f": did you mean {folder / near[0]}?" if near else ". Pass -w path/to/file.py:function (a path from "
                                                                "the folder you run in)."))
     mod_name = f"rentplan_workload_{zlib.crc32(str(path.resolve()).encode())}"
+    # As `python file.py` does: the file's folder first on sys.path, so its own modules import. Every process
+    # that loads the workload (the command, each worker, each rank) comes through here, so each gets it.
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(mod_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module  # dataclasses and pickling look the module up by name

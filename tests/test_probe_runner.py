@@ -104,3 +104,68 @@ def test_ctrl_c_leaves_ledger_consistent_and_rerun_completes(tmp_path):
     df = read_lines(ledger)
     assert df.iloc[-1]["verdict"] == "interrupted" and df.iloc[-1]["phase"] == "eval"
     assert list(df["verdict"][:3]) == ["ok", "ok", "ok"]
+
+
+PARTS = '''"""The model's blocks, in a module beside the workload (as a UNet's code is usually split)."""
+import torch.nn as nn
+
+
+class Denoiser(nn.Module):
+    def __init__(self, channels=3, width=8):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(), nn.Conv2d(width, channels, 3,
+                                                                                                  padding=1))
+
+    def forward(self, x):
+        return self.net(x)
+'''
+
+DENOISE = '''"""A denoiser workload that imports its model from the module beside it."""
+import zlib
+
+import torch
+import torch.nn.functional as F
+
+from denoise_parts import Denoiser
+
+
+class Denoising:
+    name = "denoiser"
+
+    def build_model(self):
+        return Denoiser()
+
+    def make_batch(self, split, index, micro_batch, seq_len):
+        g = torch.Generator().manual_seed(zlib.crc32(f"{split}:{index}".encode()))
+        clean = torch.rand(micro_batch, 3, seq_len, seq_len, generator=g)
+        return {"noisy": clean + 0.1 * torch.randn(clean.shape, generator=g), "clean": clean}
+
+    def compute_loss(self, model, batch):
+        return F.mse_loss(model(batch["noisy"]), batch["clean"])
+
+
+def denoiser():
+    return Denoising()
+'''
+
+
+@pytest.mark.slow
+def test_a_workload_that_imports_a_module_beside_it_runs_in_workers_and_ranks(tmp_path):
+    """User (#44): `probe -w proj/denoise.py:denoiser`, whose file does `from denoise_parts import Denoiser`, failed
+    with ModuleNotFoundError unless PYTHONPATH was set. Python puts a script's folder on sys.path; so does rentplan,
+    in the command, in each worker and in each rank."""
+    from tests.conftest import rentplan
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "denoise_parts.py").write_text(PARTS)
+    (proj / "denoise.py").write_text(DENOISE)
+    r = rentplan(tmp_path, "probe", "-w", "proj/denoise.py:denoiser", "--micro-batch", "2", "--seq-len", "8",
+                 "--ledger", "l.db", "--device", "cpu")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = rentplan(tmp_path, "probe", "-w", "proj/denoise.py:denoiser", "--micro-batch", "2", "--seq-len", "8",
+                 "--ledger", "l.db", "--device", "cpu", "--strategy", "ddp", "--nproc", "2")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    df = read_lines(tmp_path / "l.db")
+    assert (df["verdict"] == "ok").all(), df[["phase", "verdict", "detail"]]
+    assert len(df[df["world_size"] == 1]) == len(PHASES) and set(df[df["world_size"] == 2]["rank"]) == {0, 1}
