@@ -80,6 +80,25 @@ def _import_file(target: str, ref: str):
     return module
 
 
+def local_modules(source: str | Path) -> list[Path]:
+    """The workload file and every module it imports, directly or through each other, from files under its
+    folder (what travels with it: the modules beside it, their packages), found by reading the files (modulefinder
+    on that folder alone, so nothing is imported and torch's own files are never read); the file first."""
+    import modulefinder
+
+    src = Path(source).resolve()
+    folder = src.parent
+    finder = modulefinder.ModuleFinder(path=[str(folder)])
+    try:
+        finder.run_script(str(src))
+    except (SyntaxError, ImportError, OSError, ValueError):
+        return [src]  # unreadable as Python: the file itself is what there is
+    found = {Path(m.__file__).resolve() for name, m in finder.modules.items()
+             if m.__file__ and name.split(".")[0] not in OWN_PACKAGES}  # rentplan's own code is not the user's
+    found = {p for p in found if p.suffix == ".py" and p.is_relative_to(folder) and not _installed(str(p))}
+    return [src] + sorted(found - {src})
+
+
 def _refuse_foreign(target: str, ref: str) -> None:
     top = target.split(".")[0]
     if top in sys.stdlib_module_names:
