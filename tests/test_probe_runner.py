@@ -169,3 +169,68 @@ def test_a_workload_that_imports_a_module_beside_it_runs_in_workers_and_ranks(tm
     df = read_lines(tmp_path / "l.db")
     assert (df["verdict"] == "ok").all(), df[["phase", "verdict", "detail"]]
     assert len(df[df["world_size"] == 1]) == len(PHASES) and set(df[df["world_size"] == 2]["rank"]) == {0, 1}
+
+
+FIND = ["probe", "--find", "max-micro-batch", "--cap", "1GiB", "-w", "builtin:gpt", "-p", "layers=1", "-p",
+        "d_model=64", "-p", "heads=2", "-p", "vocab=256", "--seq-len", "64", "--device", "cpu", "--ledger", "l.db"]
+
+
+@pytest.mark.slow
+def test_find_on_the_cpu_stops_before_a_size_past_the_hosts_free_memory(tmp_path, monkeypatch):
+    """User (#44): `probe --find max-micro-batch --cap l4` on a CPU machine used 19 GB of its 23 GB at micro-batch
+    2,163, without a word. Here the machine has 700 MiB available (the cap, 1 GiB, is beyond it): the search says
+    the host bounds it, and no size it tries grows past what is available."""
+    from click.testing import CliRunner
+
+    import probes.search
+    from planner.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    available = 700 * 2**20
+    monkeypatch.setattr(probes.search, "host_available_bytes", lambda: available)
+    r = CliRunner().invoke(cli, FIND)
+    assert r.exit_code == 0, r.output
+    assert "this machine's available memory" in r.stderr  # said up front, on stderr
+    df = read_lines(tmp_path / "l.db")
+    real = df[df["mode"] == "measured"]
+    assert len(real) and real["device_used_bytes"].max() <= available
+    assert "largest micro-batch that ran under cap 1GiB" in r.stdout
+    assert "this machine's available memory" in r.stdout.splitlines()[-1]  # the answer names what bounded it
+    assert set(real["verdict"]) == {"ok"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_one_signal_ends_the_whole_find_and_keeps_its_lines(tmp_path, sig):
+    """User (#44): Ctrl-C or SIGTERM during `probe --find` stopped only the size in flight, and the search went on
+    with 1,081, 540, 270. One signal ends the search: exit 130, the lines measured so far stay in the ledger."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    ledger = tmp_path / "l.db"
+    proc = subprocess.Popen([sys.executable, "-m", "planner", *FIND], cwd=tmp_path, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # a real probe is in flight once a measured line is written
+            try:
+                if ledger.exists() and (read_lines(ledger)["mode"] == "measured").any():
+                    break
+            except Exception:  # the ledger is being created
+                pass
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Interrupted" in err
+    real = read_lines(ledger).query("mode == 'measured'")
+    assert real["run_id"].nunique() == 1  # the search tried no other size after the signal
+    assert real.iloc[-1]["verdict"] == "interrupted"
+    assert (real["verdict"].iloc[:-1] == "ok").all()
