@@ -7,8 +7,8 @@
 3. The answer is always the largest size that actually ran under the cap, never an untested one.
 
 On a CPU the real probes take this machine's own memory, whatever the cap: before each one the search reads
-MemAvailable and stops short of a size that the growth measured so far (the sizes' peak RSS, never slower than
-the memory model's growth) predicts past it; the answer says the host bounded it. One Ctrl-C or SIGTERM ends the
+MemAvailable and stops short of a size that the growth measured so far (peak RSS above the worker's setup ÷ the
+modelled need, and the line through the last two sizes) predicts past it; the answer says the host bounded it. One Ctrl-C or SIGTERM ends the
 whole search (exit 130): the lines measured so far stay in the ledger.
 """
 
