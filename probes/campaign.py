@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import hashlib
 import json
 import math
 import os
@@ -35,7 +36,7 @@ from probes import checkpoint
 from probes.loop import NonFinite, Trainer
 from probes.distributed import barrier, from_rank0, summed, world_of
 from probes.pilot import environment, last_line
-from probes.workloads import load_workload
+from probes.workloads import load_workload, local_modules
 
 CONTROL_EXAMPLES = 4
 PREDICTIONS_KEPT = 32  # (prediction, target) pairs kept per validation point: enough to read, bounded
@@ -68,7 +69,14 @@ def code_revision(source: str | Path | None = None) -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     if src.is_file():
-        return f"sha256:{sha256(src)} ({where})"
+        files = local_modules(src) if src.suffix == ".py" else [src]
+        if len(files) == 1:
+            return f"sha256:{sha256(src)} ({where})"
+        names = [f.relative_to(folder).as_posix() for f in files]
+        # one hash over every module the workload imports from its folder: a change to any of them shows
+        h = hashlib.sha256("".join(f"{n}\0{sha256(f)}\n" for n, f in sorted(zip(names, files))).encode())
+        return (f"sha256:{h.hexdigest()} over {len(files)} files: {', '.join(names[:8])}"
+                f"{', ...' if len(names) > 8 else ''} (sha256 of each 'path NUL sha256' line, by path; {where})")
     return f"unknown ({src} is neither a git checkout nor a file)"
 
 
@@ -184,6 +192,13 @@ def snapshot_inputs(campaign: Campaign, cfg: ProbeConfig, run_dir: Path) -> dict
         (run_dir / "workload").mkdir(exist_ok=True)
         shutil.copy2(src, run_dir / "workload" / src.name)
         kept["workload"] = {"file": f"workload/{src.name}", "sha256": sha256(src)}
+        if src.suffix == ".py":  # the modules it imports from its folder, at their paths beside it
+            folder = src.resolve().parent
+            for f in local_modules(src)[1:]:
+                rel = f.relative_to(folder)
+                (run_dir / "workload" / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, run_dir / "workload" / rel)
+                kept["workload"].setdefault("modules", {})[f"workload/{rel.as_posix()}"] = sha256(f)
     return kept
 
 

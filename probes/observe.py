@@ -13,7 +13,10 @@ Which phase is which:
 - steady: the next `steady_updates` updates (their peaks together, each update's time). One update is set
   apart for the op census (probes/census.py counts its FLOPs, bytes and launches for the time model); neither
   its time nor its memory is in the steady line, since an instrument must not ride beside what it measures.
-- eval, save, export: the first of each (later ones repeat them).
+- eval, save, export: the first of each (later ones repeat them). They nest as a loop nests them: a save that
+  starts while eval is open (evaluate, checkpoint, then `model.train()` at the next step) pauses eval, is
+  measured as its own phase, and eval resumes after it; eval's line joins its segments (peaks: the larger,
+  seconds: the sum), so neither phase is lost nor holds the other's time.
 
 A run's configuration (micro-batch, sequence length, accumulation, precision, ...) is fixed when its first
 update ends: micro-batch and sequence length are those the model was called with. An eval line that ran a
@@ -69,6 +72,25 @@ def batch_shape(args, kwargs) -> tuple[int, int] | None:
     return None if t is None else (int(t.shape[0]), int(t.shape[1]))
 
 
+NESTING = ("eval", "save", "export")  # phases a loop may open inside one another (an update never nests)
+PEAKS = ("peak_allocated_bytes", "peak_reserved_bytes", "simulated_reserved_bytes", "device_used_bytes",
+         "context_bytes")
+
+
+def joined(readings: list[dict]) -> dict:
+    """One reading of a phase measured in segments: the first's baseline and start, the largest peaks, the
+    seconds and OOMs added."""
+    out = dict(readings[0])
+    for r in readings[1:]:
+        for k in PEAKS:
+            if r.get(k) is not None:
+                out[k] = r[k] if out.get(k) is None else max(out[k], r[k])
+        out["seconds"] += r["seconds"]
+        if r.get("num_ooms_delta") is not None:
+            out["num_ooms_delta"] = (out.get("num_ooms_delta") or 0) + r["num_ooms_delta"]
+    return out
+
+
 def folder_bytes(path: str) -> int | None:
     """Bytes of a saved file or folder; None when nothing is there."""
     if os.path.isfile(path):
@@ -94,6 +116,8 @@ class PhaseRecorder:
         self._tracking = False  # the tracker's mode is on the stack
         self.meter: PhaseMeter | None = None
         self.phase: str | None = None  # what the loop is doing now
+        self._paused: list[str] = []  # phases a nested one paused (eval while a save runs), innermost last
+        self._segments: dict[str, list[dict]] = {}  # readings of a paused phase before its pause
         self.written: set[str] = set()
         self.failed = self.ended = False
         self.updates = 0
@@ -211,16 +235,19 @@ class PhaseRecorder:
             self.config.setdefault("optimizer", optimizer_name(optimizer))
 
     def phase_begin(self, phase: str) -> None:
-        if not self.active or self.phase == phase:
+        if not self.active or self.phase == phase or phase in self._paused:
             return
+        if self.phase in NESTING:  # eval open when a save starts: eval pauses, its reading so far is kept
+            self._segments.setdefault(self.phase, []).append(self.read())
+            self._paused.append(self.phase)
         self.phase = phase
         self.mark()
 
     def phase_end(self, phase: str, **fields) -> None:
         if not self.active or self.phase != phase:
             return
-        reading = self.read()
-        self.phase = None
+        reading = joined(self._segments.pop(phase, []) + [self.read()])
+        self.phase = self._paused.pop() if self._paused else None  # the paused phase resumes
         if phase not in self.written and self.cfg is not None:
             if phase == "eval":
                 fields = {**self._eval_shape_fields(), **fields}
@@ -267,9 +294,12 @@ class PhaseRecorder:
         self._stop()
 
     def end(self) -> None:
-        """Training ended: the steady line, from the updates there were, if it is not written yet."""
+        """Training ended: the steady line, from the updates there were, if it is not written yet; an eval still
+        open (a loop that ends on its last evaluation) ends here."""
         if self.active and self.cfg is not None and "steady" not in self.written and self._steady:
             self._write_steady()
+        while self.active and self.phase in NESTING:
+            self.phase_end(self.phase)
         self._stop()
 
     # --- measuring -------------------------------------------------------------------------------------------
@@ -339,9 +369,7 @@ class PhaseRecorder:
     def _write_steady(self) -> None:
         rows = self._steady
         times = [r["seconds"] for r in rows]
-        peak = {k: max((r[k] for r in rows if r.get(k) is not None), default=None)
-                for k in ("peak_allocated_bytes", "peak_reserved_bytes", "simulated_reserved_bytes",
-                          "device_used_bytes", "context_bytes")}
+        peak = {k: max((r[k] for r in rows if r.get(k) is not None), default=None) for k in PEAKS}
         losses = [r["loss"] for r in rows if r["loss"] is not None]
         census = " (one more update was set apart for the op census)" if self._census_profile else ""
         self._write("steady", {

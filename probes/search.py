@@ -5,11 +5,17 @@
 2. Real probes at the predicted edge: the size must run under the cap and one step more must not; when
    reality disagrees, the model is refit with the real lines and the bracket narrowed again.
 3. The answer is always the largest size that actually ran under the cap, never an untested one.
+
+On a CPU the real probes take this machine's own memory, whatever the cap: before each one the search reads
+MemAvailable and stops short of a size that the growth measured so far (peak RSS above the worker's setup ÷ the
+modelled need, and the line through the last two sizes) predicts past it; the answer says the host bounded it. One Ctrl-C or SIGTERM ends the
+whole search (exit 130): the lines measured so far stay in the ledger.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import signal
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -18,7 +24,12 @@ from planner.inputs.grid import GridSpec, build_grid
 from planner.ledger import lines_frame
 from planner.models.memory_model import build_model, max_micro_batch, max_seq_len, phase_bytes
 from planner.records import Line, ProbeConfig
-from probes.runner import run_grid
+from planner.units import fmt_bytes
+from probes.memory import _rss
+from probes.runner import run_grid, sigterm_as_interrupt
+
+HOST_SHARE = 0.9  # of MemAvailable a real probe may grow to: the rest for the system and other processes
+UNMEASURED = 2.0  # RSS above a worker's setup ÷ the modelled need, before a probe measures it (1.4-1.7 seen)
 
 
 @dataclass
@@ -29,7 +40,9 @@ class SearchResult:
     real_probes: int
     estimate_probes: int
     tried: list[tuple[int, str]] = field(default_factory=list)  # (size, ok|oom|...) in order
-    bound: str = ""  # what stopped the search short of its limit besides memory (the model's position limit)
+    bound: str = ""  # what stopped the search short of its limit besides the cap (position limit, host memory)
+    host_bound: bool = False  # this machine's available memory stopped it (a CPU search)
+    interrupted: bool = False  # Ctrl-C or SIGTERM ended it
 
 
 def _configs(base: ProbeConfig, dimension: str, size: int, mode: str) -> ProbeConfig:
@@ -54,14 +67,72 @@ def _inside(guess: int, lo: int, hi: int | None, step: int) -> int:
     return max(lo + step, (lo + hi) // 2 // step * step)
 
 
+def host_available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (what the kernel says can be allocated without swapping); None elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class HostPoint:
+    """One real probe's use of this machine: its size, its peak RSS, its RSS at setup (the worker before the
+    batch: torch, the model), and the memory model's need at its size."""
+
+    size: int
+    peak_rss: float
+    setup_rss: float
+    need: float
+
+
+def host_need(size: int, points: list[HostPoint], need: float) -> float:
+    """Peak RSS expected of a real probe at `size`, whose modelled need is `need`: the worker's setup RSS plus
+    the need times the ratio the probes measured (RSS above setup ÷ need, the largest seen: the CPU's allocator
+    keeps more than the tensors); with two sizes, never below the line through the last two. Before any real
+    probe: this process's own RSS (torch, as a worker holds it) plus UNMEASURED × the need."""
+    if not points:
+        return (_rss() or 0) + UNMEASURED * need
+    ratio = max((p.peak_rss - p.setup_rss) / p.need for p in points if p.need > 0) if any(
+        p.need > 0 for p in points) else UNMEASURED
+    out = max(p.setup_rss for p in points) + max(ratio, 1.0) * need
+    by_size = sorted(points, key=lambda p: p.size)
+    if len(by_size) >= 2 and by_size[-1].size > by_size[-2].size:
+        a, b = by_size[-2], by_size[-1]
+        out = max(out, b.peak_rss + (b.peak_rss - a.peak_rss) / (b.size - a.size) * (size - b.size))
+    return out
+
+
 def find_max(spec: GridSpec, dimension: str, ledger: str, limit: int = 4096, max_real: int = 12,
              max_estimates: int = 16, progress=print) -> SearchResult:
+    """The search (see the module's docstring); Ctrl-C or SIGTERM ends it with `interrupted` set."""
+    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)  # between probes too, not only in one
+    res = SearchResult(dimension, None, None, 0, 0)
+    try:
+        return _find_max(spec, dimension, ledger, limit, max_real, max_estimates, progress, res)
+    except KeyboardInterrupt:
+        res.interrupted = True
+        return res
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _find_max(spec: GridSpec, dimension: str, ledger: str, limit: int, max_real: int, max_estimates: int,
+              progress, res: SearchResult) -> SearchResult:
     base = dataclasses.replace(build_grid(spec)[0], mode="measured")
     if base.cap_bytes is None:
         raise ValueError("--find needs --cap GPU_ID or --cap SIZE: the search is for what fits under it")
     step = 1 if dimension == "max-micro-batch" else 16
     seen: list[Line] = []  # the lines of every size this search tried, measured and estimated
-    res = SearchResult(dimension, None, None, 0, 0)
+    on_host = base.device == "cpu"
+    if on_host:
+        progress(f"--find on the CPU: real probes use this machine's available memory "
+                 f"({fmt_bytes(host_available_bytes()) or 'unknown'} now, MemAvailable); the search stops before a "
+                 "size that the growth measured so far predicts past it")
 
     def run(size: int, mode: str) -> tuple[bool, pd.DataFrame]:
         cfg = _configs(base, dimension, size, mode)
@@ -69,6 +140,10 @@ def find_max(spec: GridSpec, dimension: str, ledger: str, limit: int = 4096, max
             cfg = dataclasses.replace(cfg, cap="", cap_bytes=None, device="cpu")
         out = run_grid([cfg], ledger, retry_failed=True, progress=progress)
         seen.extend(out.lines)
+        if out.interrupted:  # the size in flight has its interrupted line; the search ends here
+            if mode == "measured":
+                res.tried.append((size, "interrupted"))
+            raise KeyboardInterrupt
         _bound_by_positions(out.lines)
         mine = out.frame()
         ok = _verdict(mine) == "ok"
@@ -90,6 +165,52 @@ def find_max(spec: GridSpec, dimension: str, ledger: str, limit: int = 4096, max
             if ln.phase == "setup" and ln.position_limit and ln.position_limit < limit:
                 limit = ln.position_limit
                 res.bound = f"the model's position limit ({ln.position_limit_basis})"
+
+    def shape(size: int) -> tuple[int, int, int, int]:
+        if dimension == "max-micro-batch":
+            return size, base.seq_len, size, base.eval_seq_len
+        return base.micro_batch, size, base.eval_micro_batch, size
+
+    def host_limit(guess: int, df: pd.DataFrame, done: int) -> int:
+        """The largest size up to `guess` whose expected peak RSS fits HOST_SHARE of what is available now
+        (`done`: the largest size that already ran)."""
+        available = host_available_bytes()
+        if not on_host or available is None:
+            return guess
+        model = build_model(df, 1.0) if len(df) else None
+
+        def need(size: int) -> float:
+            return model.need(*shape(size)).bytes if model is not None else 0.0
+
+        def expected(size: int) -> float:
+            return host_need(size, points, need(size))
+
+        real = df[(df["mode"] == "measured") & df["device_used_bytes"].notna()] if len(df) else df
+        points = []
+        for _, g in real.groupby("run_id") if len(real) else ():
+            setup = g[g["phase"] == "setup"]["device_used_bytes"]
+            size = int(g[dimension_col].iloc[0])
+            points.append(HostPoint(size, float(g["device_used_bytes"].max()),
+                                    float(setup.iloc[0]) if len(setup) else float(g["device_used_bytes"].min()),
+                                    need(size)))
+        budget = HOST_SHARE * available
+        if expected(guess) <= budget:
+            return guess
+        lo, hi = 0, guess  # lo fits (0: nothing), hi does not
+        while hi - lo > step:
+            mid = (lo + hi) // 2 // step * step or step
+            if mid <= lo:
+                break
+            lo, hi = (mid, hi) if expected(mid) <= budget else (lo, mid)
+        res.host_bound = True
+        res.bound = (f"this machine's available memory: {fmt_bytes(available)} (MemAvailable), of which the search "
+                     f"lets a probe take {HOST_SHARE:.0%}; {guess} would need about {fmt_bytes(expected(guess))} "
+                     "by the growth measured so far")
+        progress(f"--find: {res.bound}; " + (f"trying no size above {lo}" if lo > done else
+                                              f"stopping at {done}" if done else "no size fits"))
+        return lo
+
+    dimension_col = "micro_batch" if dimension == "max-micro-batch" else "seq_len"
 
     def predict(df: pd.DataFrame) -> int:
         model = build_model(df, 1.0)  # the need rule: simulated reserved, as the cap counts it
@@ -113,11 +234,20 @@ def find_max(spec: GridSpec, dimension: str, ledger: str, limit: int = 4096, max
             if lo >= limit:
                 break
             guess = limit
+        top = host_limit(guess, lines_frame(seen), lo)
+        held = top < guess  # past what this machine holds: its largest size instead, while that says something new
+        if held:
+            if top < lo + max(step, lo // 16):
+                break
+            guess = top
         ok, df = run(guess, "measured")
         lo, hi = (guess, hi) if ok else (lo, guess)
         if hi is not None and hi - lo <= step:
             break
-        guess = lo + step if ok and hi is None else _inside(predict(df), lo, hi, step)
+        if held and ok and hi is None:  # aim at the cap's edge again; the host's limit, measured anew, clamps it
+            guess = max(predict(df), lo + step)
+        else:
+            guess = lo + step if ok and hi is None else _inside(predict(df), lo, hi, step)
     res.best = lo or None
     res.failed_above = hi
     return res

@@ -68,11 +68,35 @@ def _import_file(target: str, ref: str):
             f": did you mean {folder / near[0]}?" if near else ". Pass -w path/to/file.py:function (a path from "
                                                                "the folder you run in)."))
     mod_name = f"rentplan_workload_{zlib.crc32(str(path.resolve()).encode())}"
+    # As `python file.py` does: the file's folder first on sys.path, so its own modules import. Every process
+    # that loads the workload (the command, each worker, each rank) comes through here, so each gets it.
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(mod_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module  # dataclasses and pickling look the module up by name
     _run_import(lambda: spec.loader.exec_module(module), target)
     return module
+
+
+def local_modules(source: str | Path) -> list[Path]:
+    """The workload file and every module it imports, directly or through each other, from files under its
+    folder (what travels with it: the modules beside it, their packages), found by reading the files (modulefinder
+    on that folder alone, so nothing is imported and torch's own files are never read); the file first."""
+    import modulefinder
+
+    src = Path(source).resolve()
+    folder = src.parent
+    finder = modulefinder.ModuleFinder(path=[str(folder)])
+    try:
+        finder.run_script(str(src))
+    except (SyntaxError, ImportError, OSError, ValueError):
+        return [src]  # unreadable as Python: the file itself is what there is
+    found = {Path(m.__file__).resolve() for name, m in finder.modules.items()
+             if m.__file__ and name.split(".")[0] not in OWN_PACKAGES}  # rentplan's own code is not the user's
+    found = {p for p in found if p.suffix == ".py" and p.is_relative_to(folder) and not _installed(str(p))}
+    return [src] + sorted(found - {src})
 
 
 def _refuse_foreign(target: str, ref: str) -> None:

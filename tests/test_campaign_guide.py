@@ -297,6 +297,62 @@ def test_code_revision_in_a_repository_with_no_commits_says_so(tmp_path):
     assert f"no commits yet in the git repository at {tmp_path}" in rev
 
 
+@pytest.fixture
+def own_imports(monkeypatch):
+    """What loading a workload in this process adds (its folder on sys.path, its modules) is undone afterwards."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.startswith(("wl_", "rentplan_workload_")):
+            del sys.modules[name]
+
+
+def test_archive_carries_every_local_module_the_workload_imports(tmp_path, own_imports):
+    """User (#44): a workload that imports a module beside it was archived without that module; code_revision.txt
+    hashed only the workload file, and the archive's load snippet pointed at the original path."""
+    proj = tmp_path / "proj"
+    (proj / "wl_pkg").mkdir(parents=True)
+    (proj / "wl_pkg" / "__init__.py").write_text("")
+    (proj / "wl_pkg" / "sizes.py").write_text("SIZES = {'small': dict(layers=1, d_model=32, heads=2, vocab=64)}\n")
+    (proj / "wl_blocks.py").write_text("from probes.builtin import GPT\nfrom wl_pkg.sizes import SIZES\n\n"
+                                       "def small_gpt():\n    return GPT(**SIZES['small'])\n")
+    (proj / "wl.py").write_text("import torch\nfrom wl_blocks import small_gpt\n\ndef small():\n"
+                                "    return small_gpt()\n")
+    (proj / "notes.py").write_text("raise SystemExit('not imported by the workload: never archived')\n")
+    path = spec(proj, HEAD.replace("builtin:gpt", "wl.py:small").replace(
+        "params: {layers: 1, d_model: 32, heads: 2, vocab: 64}", "params: {}") + """
+variants:
+  - {id: control, lr: 1.0e-3}
+""")
+    led, out, a = tmp_path / "l.db", tmp_path / "runs", tmp_path / "a"
+    run("campaign", "run", path, "--updates", "2", "--ledger", led, "--out", out)
+    run_id = tables(led)["campaign_runs"]["run_id"].iloc[0]
+    run("archive", run_id, "--to", a, "--ledger", led, "--out", out)
+    held = sorted(p.relative_to(a / "workload").as_posix() for p in (a / "workload").rglob("*.py"))
+    assert held == ["wl.py", "wl_blocks.py", "wl_pkg/__init__.py", "wl_pkg/sizes.py"]
+    assert (a / "workload" / "wl_pkg" / "sizes.py").read_text() == (proj / "wl_pkg" / "sizes.py").read_text()
+    revision = (a / "code_revision.txt").read_text()
+    assert revision.startswith("sha256:") and "4 files" in revision
+    from probes.campaign import code_revision
+
+    assert code_revision(proj / "wl.py") == revision.strip()
+    (proj / "wl_pkg" / "sizes.py").write_text("SIZES = {'small': dict(layers=2, d_model=32, heads=2, vocab=64)}\n")
+    assert code_revision(proj / "wl.py") != revision.strip()  # a revision over every module, not the file alone
+    run("archive", "verify", a)
+    # The README's snippet loads the archived copy from the archive's folder, with the original gone.
+    readme = (a / "README.md").read_text()
+    snippet = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert str(proj) not in snippet and "workload/wl.py:small" in snippet
+    proj.rename(tmp_path / "gone")
+    from tests.conftest import ROOT
+
+    r = subprocess.run([sys.executable, "-c", snippet + "\nprint(sum(p.numel() for p in model.parameters()))"],
+                       cwd=a, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[-1]) > 0
+
+
 HASH_SEEDED = '''
 import torch
 from probes.builtin import GPT as gpt

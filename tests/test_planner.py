@@ -200,3 +200,21 @@ def test_a_stated_micro_batch_splits_over_the_replicas_it_fills(tmp_path):
     assert one["verdict"] != NO_FIT and eight["verdict"] != NO_FIT, eight[["verdict", "notes", "strategy_why"]]
     assert eight["micro_batch"] == 4 and eight["micro_batch"] * eight["grad_accum"] * eight["replicas"] == 16
     assert eight["replicas"] in (1, 4)
+
+
+def test_no_complete_run_names_each_runs_reason_and_oom_only_where_there_is_one():
+    """#44: 'no complete run' pointed at `ledger show --verdict oom` whatever the reason was."""
+    from planner.decisions.evidence import why_incomplete
+    from planner.ledger import lines_frame
+    from tests.factories import config, pilot_lines
+
+    from dataclasses import replace
+
+    oom = [replace(ln, verdict="oom") if ln.phase == "first_step" else ln
+           for ln in pilot_lines(config(micro_batch=8), 100 * MiB)]
+    error = [replace(ln, verdict="error") if ln.phase == "eval" else ln
+             for ln in pilot_lines(config(micro_batch=4), 100 * MiB)]
+    said = why_incomplete(lines_frame(error))
+    assert "eval ended error" in said and "ledger show --run" in said and "oom" not in said
+    said = why_incomplete(lines_frame(oom + error))
+    assert "first_step ended oom" in said and "--verdict oom" in said and "eval ended error" in said

@@ -143,3 +143,133 @@ def test_workers_go_quietly_when_the_main_process_is_killed(tmp_path, monkeypatc
         os.kill(pid, signal.SIGKILL)
     assert not left, [open(f"/proc/{p}/cmdline").read() for p in left if os.path.exists(f"/proc/{p}")]
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+PARTS = '''"""The model's blocks, in a module beside the workload (as a UNet's code is usually split)."""
+import torch.nn as nn
+
+
+class Denoiser(nn.Module):
+    def __init__(self, channels=3, width=8):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(), nn.Conv2d(width, channels, 3,
+                                                                                                  padding=1))
+
+    def forward(self, x):
+        return self.net(x)
+'''
+
+DENOISE = '''"""A denoiser workload that imports its model from the module beside it."""
+import zlib
+
+import torch
+import torch.nn.functional as F
+
+from denoise_parts import Denoiser
+
+
+class Denoising:
+    name = "denoiser"
+
+    def build_model(self):
+        return Denoiser()
+
+    def make_batch(self, split, index, micro_batch, seq_len):
+        g = torch.Generator().manual_seed(zlib.crc32(f"{split}:{index}".encode()))
+        clean = torch.rand(micro_batch, 3, seq_len, seq_len, generator=g)
+        return {"noisy": clean + 0.1 * torch.randn(clean.shape, generator=g), "clean": clean}
+
+    def compute_loss(self, model, batch):
+        return F.mse_loss(model(batch["noisy"]), batch["clean"])
+
+
+def denoiser():
+    return Denoising()
+'''
+
+
+@pytest.mark.slow
+def test_a_workload_that_imports_a_module_beside_it_runs_in_workers_and_ranks(tmp_path):
+    """User (#44): `probe -w proj/denoise.py:denoiser`, whose file does `from denoise_parts import Denoiser`, failed
+    with ModuleNotFoundError unless PYTHONPATH was set. Python puts a script's folder on sys.path; so does rentplan,
+    in the command, in each worker and in each rank."""
+    from tests.conftest import rentplan
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "denoise_parts.py").write_text(PARTS)
+    (proj / "denoise.py").write_text(DENOISE)
+    r = rentplan(tmp_path, "probe", "-w", "proj/denoise.py:denoiser", "--micro-batch", "2", "--seq-len", "8",
+                 "--ledger", "l.db", "--device", "cpu")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = rentplan(tmp_path, "probe", "-w", "proj/denoise.py:denoiser", "--micro-batch", "2", "--seq-len", "8",
+                 "--ledger", "l.db", "--device", "cpu", "--strategy", "ddp", "--nproc", "2")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    df = read_lines(tmp_path / "l.db")
+    assert (df["verdict"] == "ok").all(), df[["phase", "verdict", "detail"]]
+    assert len(df[df["world_size"] == 1]) == len(PHASES) and set(df[df["world_size"] == 2]["rank"]) == {0, 1}
+
+
+FIND = ["probe", "--find", "max-micro-batch", "--cap", "1GiB", "-w", "builtin:gpt", "-p", "layers=1", "-p",
+        "d_model=64", "-p", "heads=2", "-p", "vocab=256", "--seq-len", "64", "--device", "cpu", "--ledger", "l.db"]
+
+
+@pytest.mark.slow
+def test_find_on_the_cpu_stops_before_a_size_past_the_hosts_free_memory(tmp_path, monkeypatch):
+    """User (#44): `probe --find max-micro-batch --cap l4` on a CPU machine used 19 GB of its 23 GB at micro-batch
+    2,163, without a word. Here the machine has 700 MiB available (the cap, 1 GiB, is beyond it): the search says
+    the host bounds it, and no size it tries grows past what is available."""
+    from click.testing import CliRunner
+
+    import probes.search
+    from planner.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    available = 700 * 2**20
+    monkeypatch.setattr(probes.search, "host_available_bytes", lambda: available)
+    r = CliRunner().invoke(cli, FIND)
+    assert r.exit_code == 0, r.output
+    assert "this machine's available memory" in r.stderr  # said up front, on stderr
+    df = read_lines(tmp_path / "l.db")
+    real = df[df["mode"] == "measured"]
+    assert len(real) and real["device_used_bytes"].max() <= available
+    assert "largest micro-batch that ran under cap 1GiB" in r.stdout
+    assert "this machine's available memory" in r.stdout.splitlines()[-1]  # the answer names what bounded it
+    assert set(real["verdict"]) == {"ok"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_one_signal_ends_the_whole_find_and_keeps_its_lines(tmp_path, sig):
+    """User (#44): Ctrl-C or SIGTERM during `probe --find` stopped only the size in flight, and the search went on
+    with 1,081, 540, 270. One signal ends the search: exit 130, the lines measured so far stay in the ledger."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    ledger = tmp_path / "l.db"
+    proc = subprocess.Popen([sys.executable, "-m", "planner", *FIND], cwd=tmp_path, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # a real probe is in flight once a measured line is written
+            try:
+                if ledger.exists() and (read_lines(ledger)["mode"] == "measured").any():
+                    break
+            except Exception:  # the ledger is being created
+                pass
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Interrupted" in err
+    real = read_lines(ledger).query("mode == 'measured'")
+    assert real["run_id"].nunique() == 1  # the search tried no other size after the signal
+    assert real.iloc[-1]["verdict"] == "interrupted"
+    assert (real["verdict"].iloc[:-1] == "ok").all()

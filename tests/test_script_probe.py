@@ -206,3 +206,65 @@ def test_a_single_process_script_is_never_ordered_as_ddp(tmp_path, monkeypatch):
                                  "--offer", "vast-rtx_3090-2x"])
     assert r.exit_code == 1 and "Error: " in r.output and "needs your loop to run DDP" in r.output, r.output
     assert "Traceback" not in r.output and not (tmp_path / "o2").exists()
+
+
+EVAL_THEN_SAVE = '''"""The loop as people write it: evaluate, checkpoint, and switch back to training at the next step."""
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Embedding(128, 32), torch.nn.Linear(32, 128))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data, val = torch.randint(0, 128, (64, 17)), torch.randint(0, 128, (8, 25))
+for step in range(8):
+    model.train()
+    ids = data[step * 4 % 64:][:4]
+    F.cross_entropy(model(ids[:, :-1]).reshape(-1, 128), ids[:, 1:].reshape(-1)).backward()
+    opt.step()
+    opt.zero_grad()
+    if step % 4 == 3:
+        model.eval()
+        with torch.no_grad():
+            F.cross_entropy(model(val[:, :-1]).reshape(-1, 128), val[:, 1:].reshape(-1))
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, "ckpt.pt")
+'''
+
+
+@pytest.mark.slow
+def test_eval_then_save_then_train_at_the_next_step_keeps_both_phases(tmp_path, monkeypatch):
+    """User (#44): a script that evaluates, then torch.save()s, then calls model.train() at the next step got no eval
+    line, the note "the script never called model.eval()", and a plan that pointed at `ledger show --verdict oom`."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(EVAL_THEN_SAVE)
+    r = probe("-w", "script:eval-save", "--steady-updates", "3")
+    assert r.exit_code == 0, r.output
+    assert "never called model.eval()" not in r.output
+    lines = read_lines(tmp_path / "l.db")
+    by = lines.set_index("phase")
+    assert set(lines["phase"]) == {"setup", "first_step", "steady", "eval", "save"}
+    assert (lines["verdict"] == "ok").all()
+    assert (by.loc["eval", "eval_micro_batch"], by.loc["eval", "eval_seq_len"]) == (8, 24)  # the eval pass's shape
+    assert by.loc["save", "checkpoint_bytes"] == os.path.getsize(tmp_path / "ckpt.pt")
+    # eval, then save, then train: the save is not inside eval's time, and eval's peak holds its own pass
+    assert by.loc["eval", "peak_allocated_bytes"] >= by.loc["eval", "baseline_allocated_bytes"] + 8 * 24 * 128 * 4
+    (tmp_path / "c.yaml").write_text(SPEC.replace("script:train", "script:eval-save").replace("seq_len: 32", "seq_len: 16")
+                                     .replace("seq_len: 48", "seq_len: 24"))
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--format", "json"])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.slow
+def test_plan_names_the_real_reason_a_script_run_is_incomplete(tmp_path, monkeypatch):
+    """User (#44): nothing ran out of memory, yet `plan` said "no complete run ... see `ledger show --verdict oom`".
+    A script that never evaluates: the plan says its run has no eval line, and why, not oom."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(EVAL_THEN_SAVE.replace("if step % 4 == 3:", "if False:"))
+    r = probe("-w", "script:eval-save", "--steady-updates", "3")
+    assert r.exit_code == 0, r.output
+    (tmp_path / "c.yaml").write_text(SPEC.replace("script:train", "script:eval-save"))
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    run_id = read_lines(tmp_path / "l.db")["run_id"].iloc[0]
+    assert "Error: no complete run to plan from" in r.output
+    assert f"run {run_id} (script) has no eval line" in r.output and "model.eval()" in r.output
+    assert "oom" not in r.output

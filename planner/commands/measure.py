@@ -198,7 +198,13 @@ def run_find(spec: GridSpec, find: str, ledger_path: str, fmt: str) -> None:
     res = find_max(spec, find, ledger_path, progress=progress)
     rows = pd.DataFrame([{"size": s, "verdict": v} for s, v in res.tried])
     click.echo(render(rows, fmt))
+    if res.interrupted:
+        raise KeyboardInterrupt  # the sizes measured so far are in the ledger; exit 130 says so
     what = "micro-batch" if find == "max-micro-batch" else "seq_len"
+    if res.best is None and res.host_bound:
+        raise InputError(f"{res.bound}: this machine cannot hold even the smallest {what} the search would try. "
+                         "Run --find on a machine with more memory (or the GPU itself), or size it without "
+                         "touching memory: `rentplan estimate`.")
     if res.best is None:
         first = f" ({what} {res.tried[0][0]} ended {res.tried[0][1]})" if res.tried else ""
         raise InputError(f"not even the smallest {what} ran under the cap {spec.cap}{first}: the cap is below what "
@@ -206,8 +212,10 @@ def run_find(spec: GridSpec, find: str, ledger_path: str, fmt: str) -> None:
                          "size it without a cap: `rentplan estimate`.")
     bracket = (f"; {res.failed_above} failed" if res.failed_above else
                f" ({res.bound}; no failure up to it)" if res.bound else " (no failure up to the search limit)")
+    beyond = (" A machine with more memory (or the GPU itself) can search past it." if res.host_bound
+              and not res.failed_above else "")
     click.echo(f"largest {what} that ran under cap {spec.cap}: {res.best}{bracket}. "
-               f"{res.real_probes} real probe(s) after {res.estimate_probes} estimate(s).")
+               f"{res.real_probes} real probe(s) after {res.estimate_probes} estimate(s).{beyond}")
 
 
 for _param in estimate.params:  # estimate runs no script: its -w help leaves script:NAME out

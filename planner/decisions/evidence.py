@@ -159,3 +159,41 @@ def choose(lines: pd.DataFrame, facts: pd.DataFrame, precision: str, micro_batch
     runs = runs.sort_values(["_d", "newest"], ascending=[True, False]).head(NEAREST)
     chosen = lines[lines["run_id"].isin(runs.index)]
     return Evidence(chosen, runs.drop(columns=["_rank", "_d"]), best, capped)
+
+
+OWN_LOOP_EVAL = {"script": "call model.eval() for an evaluation pass (model.train() ends it)",
+                 "hf-trainer": "give the Trainer an eval_dataset and an evaluation strategy",
+                 "lightning": "give the Trainer a validation loop (validation_step and val data)"}
+
+
+def why_incomplete(lines: pd.DataFrame, shown: int = 3) -> str:
+    """Why no single-process run of these lines is complete, run by run (newest first), and what to do: the
+    failed lines' verdicts (oom sends you to the oom lines, nothing else does) or the phases a run never wrote."""
+    facts = run_facts(lines)
+    facts = facts[facts["world_size"].fillna(1) == 1].sort_values("newest", ascending=False)
+    reasons, todo = [], []
+    for run_id, run in facts.iterrows():
+        mine = lines[lines["run_id"] == run_id]
+        source = run["source"]
+        failed = mine[~mine["verdict"].isin(["ok", "skipped"])]
+        if len(failed):
+            first = failed.iloc[0]
+            reasons.append(f"run {run_id} ({source}): {first['phase']} ended {first['verdict']}")
+            todo.append("see `rentplan ledger show --verdict oom` and probe smaller configurations (or a larger --cap)"
+                        if first["verdict"] == "oom" else f"see `rentplan ledger show --run {run_id}`")
+            continue
+        needed = PHASES if source == "probe" else OBSERVED_PHASES
+        missing = [p for p in needed if p not in set(mine["phase"])]
+        if missing:
+            reasons.append(f"run {run_id} ({source}) has no {', '.join(missing)} line")
+            if missing == ["eval"] and source in OWN_LOOP_EVAL:
+                todo.append(f"plan needs an evaluation from your loop: {OWN_LOOP_EVAL[source]}, then probe again")
+            elif source == "probe":
+                todo.append("run the same probe again: it resumes configurations that did not finish")
+            else:
+                todo.append("let your loop run long enough for every phase (its first update, the steady updates, "
+                            "one evaluation), then probe again")
+    if not reasons:
+        return "no single-process run in the ledger for this campaign."
+    more = f"; and {len(reasons) - shown} more run(s)" if len(reasons) > shown else ""
+    return "; ".join(reasons[:shown]) + more + ". To fix: " + "; ".join(dict.fromkeys(todo[:shown])) + "."

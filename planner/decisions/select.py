@@ -15,7 +15,7 @@ import pandas as pd
 from planner.inputs.campaign_spec import Campaign
 from planner.inputs.catalog import Catalog, Gpu, Offer
 from planner.errors import LedgerError, NoFeasibleGpu
-from planner.decisions.evidence import Evidence, choose, run_facts
+from planner.decisions.evidence import Evidence, choose, run_facts, why_incomplete
 from planner.decisions.selfcheck import estimate_check
 from planner.models.kernels import kernel_target
 from planner.models.memory_model import (SEQ_LIMIT, MemoryModel, Need, allocated_factor, build_model, max_micro_batch,
@@ -223,9 +223,7 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
         if single.empty:
             raise LedgerError(f"only multi-rank lines for {campaign.workload}: plans start from one process. Probe "
                               "once without --strategy (or estimate it) too.")
-        failed = fams.lines[fams.lines["verdict"] != "ok"]
-        raise LedgerError(f"no complete run to plan from ({len(failed)} failed lines). "
-                          "See `rentplan ledger show --verdict oom` and probe smaller configurations.")
+        raise LedgerError(f"no complete run to plan from: {why_incomplete(fams.lines)}")
     seen = {}
     for device, times in (observed or {}).items():
         from planner.models.timing import match_catalog_gpu

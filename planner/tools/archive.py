@@ -180,6 +180,16 @@ def recorded_sha256_lookup(ledger_path: str):
     return lookup
 
 
+def archived_reference(ref: str, inputs: dict) -> str:
+    """The workload reference that loads the archive's own copy, from the archive's folder (`workload/file.py:fn`);
+    a module reference (package.module:fn) or a built-in stays as it was."""
+    target, _, func = ref.rpartition(":")
+    copy = (inputs.get("workload") or {}).get("file")
+    if copy and func and (target.endswith(".py") or "/" in target or os.sep in target):
+        return f"{copy}:{func}"
+    return ref
+
+
 def campaign_run_row(ledger_path: str, run_id: str) -> pd.Series:
     with Ledger(ledger_path, create=False) as led:
         runs = led.table("campaign_runs")
@@ -200,12 +210,14 @@ def archive_run(ledger_path: str, run_id: str, dest: Path, runs_dir: Path) -> li
     run = campaign_run_row(ledger_path, target)
     runs, events, metrics, notes = campaign_frames(ledger_path, None)
     status = run_table(runs[runs["run_id"] == target], events, metrics).iloc[0]["status"]
-    cfg = json.loads(run["config_json"])["config"]
+    saved = json.loads(run["config_json"])
+    cfg = saved["config"]
     readme = render_template("archive_readme.md.j2", {
         "run_id": target, "variant": run["variant"], "campaign": run["campaign"], "version": __version__,
         "device": run["device_name"], "torch_version": run["torch_version"], "code_revision": run["code_revision"],
-        "started_at": run["started_at"], "status": status, "dest": str(dest), "workload": cfg["workload"],
-        "params": cfg["params_json"]})
+        "started_at": run["started_at"], "status": status, "dest": str(dest),
+        "workload": archived_reference(cfg["workload"], saved.get("inputs") or {}),
+        "params": repr(json.loads(cfg["params_json"] or "{}")), "has_workload": "workload" in (saved.get("inputs") or {}), "has_spec": "spec" in (saved.get("inputs") or {})})
     with Ledger(ledger_path, create=False) as led:
         rows = [{"table": t, **{k: (None if pd.isna(v) else v) for k, v in row.items() if k != "seq"}}
                 for t in ("campaign_runs", "campaign_events", "campaign_metrics", "campaign_predictions")
