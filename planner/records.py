@@ -158,6 +158,9 @@ class Line:
     # Who wrote the line: "probe" (rentplan ran the loop, every phase in order) or the user's own loop seen by a
     # callback ("hf-trainer", "lightning") or by `probe --script` ("script"). Empty in older ledgers = probe.
     source: str = "probe"
+    # The model-code libraries the process had imported when the line was written, with their versions
+    # ("transformers 4.46.3, peft 0.13.2"): the code whose layers were measured or traced; "" = none (builtin).
+    libraries: str = ""
     # setup: the longest sequence the model takes and where that was read (probes/positions.py); None = not stated
     position_limit: int | None = None
     position_limit_basis: str = ""

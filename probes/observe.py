@@ -41,7 +41,7 @@ from planner.records import Line, ProbeConfig, Verdict
 from probes.census import OpCensus, census_fields, precision_flags
 from probes.checkpoint import dir_size
 from probes.memory import LiveTensorTracker, PhaseMeter, reading_notes
-from probes.pilot import cuda_allocator_model, environment, is_oom, last_line
+from probes.pilot import cuda_allocator_model, environment, is_oom, last_line, model_libraries
 from probes.positions import position_limit
 
 DEFAULT_STEADY_UPDATES = 8
@@ -394,7 +394,8 @@ class PhaseRecorder:
                                                    reading_notes(self.meter.device, phase, cfg.optimizer)]))
         line = Line.from_config(cfg, run_id=self.run_id, probe_id=self.probe_id, phase=phase,
                                 verdict=Verdict(verdict).value, started_at=started, source=self.source,
-                                rank=int(os.environ.get("RANK", 0)), **self.env, **fields)
+                                rank=int(os.environ.get("RANK", 0)), libraries=model_libraries(), **self.env,
+                                **fields)
         with Ledger(self.ledger_path) as led:
             led.append(line)
         self.written.add(phase)

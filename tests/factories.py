@@ -32,7 +32,7 @@ def line(cfg: ProbeConfig | None = None, phase: str = "steady", **kw) -> Line:
 def pilot_lines(cfg: ProbeConfig, peak_bytes: dict[str, int] | int, update_s: float = 0.05,
                 flops_per_update: float = 1e12, reserved: bool = False, device: str = "cpu",
                 device_name: str = "Test CPU", params: int = 1_000_000, trainable: int | None = None,
-                optimizer_state_bytes: int | None = None) -> list[Line]:
+                optimizer_state_bytes: int | None = None, **extra) -> list[Line]:
     """All seven phases of one configuration, ok, with the given peaks. Each fact sits on the phase the pilot
     writes it on (tests/test_recommendations.py checks this against a real pilot): parameter counts on setup,
     optimizer state on first_step, the update's time and census on steady, the export's time on export."""
@@ -40,7 +40,7 @@ def pilot_lines(cfg: ProbeConfig, peak_bytes: dict[str, int] | int, update_s: fl
     for phase in PHASES:
         peak = peak_bytes if isinstance(peak_bytes, int) else peak_bytes.get(phase, 100 * MiB)
         kw = dict(peak_allocated_bytes=peak, device=device, device_name=device_name,
-                  peak_reserved_bytes=int(peak * 1.1) if reserved else None)
+                  peak_reserved_bytes=int(peak * 1.1) if reserved else None, **extra)
         if phase == "setup":
             kw.update(param_count=params, trainable_param_count=params if trainable is None else trainable,
                       param_bytes=4 * params)

@@ -40,6 +40,8 @@ def test_tiny_llama_probes_through_all_phases(tmp_path, llama):
     assert r.exit_code == 0, r.output
     df = read_lines(ledger)
     assert list(df["phase"]) == list(PHASES) and (df["verdict"] == "ok").all(), df[["phase", "detail"]]
+    # the model code that ran is on every line (#43: HF's code version moves memory)
+    assert all(f"transformers {transformers.__version__}" in x for x in df["libraries"]), set(df["libraries"])
 
 
 @pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI

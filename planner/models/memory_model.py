@@ -231,6 +231,9 @@ def build_model(lines: pd.DataFrame, fragmentation: float) -> MemoryModel | None
     else:
         basis = (f"allocated peak × {fragmentation:g} (flat factor: these lines carry no reserved figure and no "
                  f"allocator simulation), {'/'.join(modes)} on {where}")
+    libraries = sorted({x for x in _text(ok, "libraries") if x})  # the model code the lines ran (HF's moves memory)
+    if libraries:
+        basis += f", under {'; '.join(libraries)}"
     # Only complete configurations count as exact measurements.
     exact = {k: v for k, v in exact.items() if set(v) >= set(fits)}
     return MemoryModel(fits, basis, exact)
