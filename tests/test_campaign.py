@@ -176,6 +176,46 @@ def test_the_report_reads_at_1200_px_with_short_ids_linear_axes_and_one_legend(c
     assert layout_problems(page, tmp_path, 1200, max_cell_lines=6) == []
 
 
+@pytest.mark.parametrize("width", [800, 1400])
+def test_the_report_reads_at_800_and_1400_px_with_nothing_cut(campaign_dir, tmp_path, width):
+    """Issue 44: the report of a campaign was 1,077 px wide in an 800 px window. Measured by the page itself in
+    Chromium: nothing wider than the window but a table that scrolls sideways with its first (identifying) column
+    kept in view, no cell's text cut, none past 6 lines; at 1,400 px every column in view. Screenshots:
+    campaign-report-WIDTH.png."""
+    from tests.browser import read_at
+
+    d, led, out = campaign_dir
+    run("campaign", "report", "--ledger", led, "--out", str(d / f"rep{width}"))
+    read = read_at(d / f"rep{width}" / "report.html", tmp_path, width, f"campaign-report-{width}.png",
+                   max_cell_lines=6)
+    assert read.problems == [] and read.width <= width
+    if width == 1400:
+        assert read.scrolling == []
+
+
+def test_the_reports_hours_are_in_hours_and_its_update_axis_in_whole_updates(campaign_dir):
+    """Issue 44: the variants' "hours" column showed seconds ("4.12 s"), and a 20-update campaign's curves had
+    update ticks at 2.5, 7.5, 12.5."""
+    import csv
+    import re
+
+    d, led, out = campaign_dir
+    run("campaign", "report", "--ledger", led, "--out", str(d / "rep-units"))
+    html = (d / "rep-units" / "report.html").read_text()
+    table = html.split("<h2>Variants")[1].split("</table>")[0]
+    headers = re.findall(r"<th>(.*?)</th>", table)
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr>(<td.*?)</tr>", table, re.S)]
+    wanted = {v["variant"]: float(v["hours"]) for v in csv.DictReader(open(d / "rep-units" / "variants.csv"))}
+    assert len(rows) == len(wanted) == 3
+    for row in rows:
+        hours = row[headers.index("hours")]
+        assert re.fullmatch(r"[\d.,]+ h", hours), hours
+        assert float(hours[:-2].replace(",", "")) == pytest.approx(wanted[row[0]], rel=0.01)
+    svg = (d / "rep-units" / "curves.svg").read_text()
+    ticks = re.findall(r'<g id="xtick_\d+">.*?<text[^>]*>([^<]*)</text>', svg, re.S)
+    assert ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks
+
+
 @pytest.mark.slow
 def test_sigterm_ends_a_campaign_run_as_ctrl_c_does(tmp_path):
     """What a spot machine's preemption or a cancelled job sends: the run in flight reads "interrupted" (as after

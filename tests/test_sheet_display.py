@@ -152,6 +152,34 @@ def test_the_decision_picture_draws_every_window_and_keeps_its_labels_inside_and
             assert not a.overlaps(b)
 
 
+def test_the_decision_picture_separates_offers_when_setup_dominates(tiny_plan):
+    """Issue 44: a campaign of minutes with 1 h of setup put every offer on the 1 h line, and the recommended
+    label covered other points. The picture plots the variants' own hours (the setup said in the caption), so
+    offers that differ tenfold in time sit apart, and no label covers a point."""
+    from matplotlib.text import Text
+
+    from planner.outputs.figures import decision_figure
+
+    sheet = tiny_plan.sheet
+    ok = sheet[sheet["verdict"] != "does not fit"]
+    assert (ok["campaign_hours_high"] - 1.0).max() < 0.1  # the setup (1 h) is over 90 % of every offer's hours
+    fig, caption = decision_figure(sheet, tiny_plan.plans, setup_hours=1.0)
+    renderer = _boxes(fig)
+    ax = fig.axes[0]
+    points = [ax.transData.transform(xy) for c in ax.containers for xy in c.lines[0].get_xydata()]
+    assert len(points) == len(ok)
+    ys = sorted(y for _, y in points)
+    assert ys[-1] - ys[0] > 0.2 * ax.get_window_extent(renderer).height  # spread over the axis, not on one line
+    assert "setup" in caption and "1.00 h" in caption
+    labels = [t for t in ax.texts if not t.get_text().endswith("-day window")]
+    assert any("recommended" in t.get_text() for t in labels)
+    r = 3 * fig.dpi / 72  # a point's marker: 3 pt around its centre
+    for t in labels:
+        box = Text.get_window_extent(t, renderer)  # the words, without their leader line to the point
+        covered = [(x, y) for x, y in points if box.x0 - r < x < box.x1 + r and box.y0 - r < y < box.y1 + r]
+        assert not covered, (t.get_text(), covered)
+
+
 def test_max_micro_batch_bars_end_at_their_micro_batch():
     """Bars started at 0.5 with the value as their width, so the bar of 4 ended near 4.5 on the log axis."""
     import pandas as pd

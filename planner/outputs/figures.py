@@ -245,18 +245,24 @@ def _money(v, _=None) -> str:
 
 
 def _hours(v, _=None) -> str:
-    return f"{v:,.0f} h" if v >= 1 else f"{v * 60:.0f} min"
+    if v >= 1:
+        return f"{v:,.0f} h"
+    return f"{v * 60:.0f} min" if v >= 1 / 60 else f"{v * 3600:.2g} s"  # a campaign of seconds: never "0 min"
 
 
-def decision_figure(sheet: pd.DataFrame, plans: pd.DataFrame, max_labels: int = 4):
-    """The decision in one picture: every offer that fits or is tight, campaign cost (x) against campaign hours (y),
-    each with its range (fast end – slow end) in both; colour by verdict; the recommendation ringed, the ordered
-    offer boxed where it differs, each window's ★; the rental windows as lines. Both axes are logarithmic: the
-    offers span orders of magnitude in both, and equal ratios read as equal distances."""
+def decision_figure(sheet: pd.DataFrame, plans: pd.DataFrame, max_labels: int = 4, setup_hours: float = 0.0):
+    """The decision in one picture: every offer that fits or is tight, campaign cost (x) against the variants'
+    hours (y: the campaign's hours less the setup, which is the same for every offer and said in the caption, so
+    that a long setup does not put every offer on one line), each with its range (fast end – slow end) in both;
+    colour by verdict; the recommendation ringed, the ordered offer boxed where it differs, each window's ★; the
+    rental windows less the setup as lines. Both axes are logarithmic: the offers span orders of magnitude in
+    both, and equal ratios read as equal distances."""
     ok = sheet[(sheet["verdict"] != "does not fit") & sheet["campaign_cost_usd_high"].notna()
                & sheet["campaign_hours_high"].notna()]
     if ok.empty:
         return None
+    ok = ok.assign(work_hours_low=ok["campaign_hours_low"].astype(float) - setup_hours,
+                   work_hours_high=ok["campaign_hours_high"].astype(float) - setup_hours)
     from matplotlib.ticker import FuncFormatter
 
     plt = _plt()
@@ -268,75 +274,86 @@ def decision_figure(sheet: pd.DataFrame, plans: pd.DataFrame, max_labels: int = 
         groups.append((f"not modelled ({int((~modelled).sum())} offers)", ok[~modelled], "grey", False))
     for label, g, color, filled in groups:
         lo_c, hi_c = g["campaign_cost_usd_low"].astype(float), g["campaign_cost_usd_high"].astype(float)
-        lo_h, hi_h = g["campaign_hours_low"].astype(float), g["campaign_hours_high"].astype(float)
+        lo_h, hi_h = g["work_hours_low"], g["work_hours_high"]
         ax.errorbar(hi_c, hi_h, xerr=[hi_c - lo_c, 0 * hi_c], yerr=[hi_h - lo_h, 0 * hi_h], fmt="o", ms=4,
                     color=color, mfc=color if filled else "white", elinewidth=0.7, alpha=0.85, label=label)
     days = sorted(int(d) for d in plans["days"].unique()) if len(plans) else []
     window_labels = []
+    days = [d for d in days if 24 * d > setup_hours]  # a window the setup fills holds no variant
     for d in days:  # every window is drawn: the axis reaches the longest (log scale keeps the points apart)
-        ax.axhline(24 * d, linestyle="--", linewidth=0.8, color="grey")
+        ax.axhline(24 * d - setup_hours, linestyle="--", linewidth=0.8, color="grey")  # what is left for variants
         # at the right end: the cheap offers, which the eye looks for, sit at the left
-        window_labels.append(ax.annotate(f"{d}-day window", xy=(1.0, 24 * d), xycoords=("axes fraction", "data"),
+        window_labels.append(ax.annotate(f"{d}-day window", xy=(1.0, 24 * d - setup_hours),
+                                         xycoords=("axes fraction", "data"),
                                          xytext=(-4, 2), textcoords="offset points", ha="right", va="bottom",
                                          fontsize=FONT - 2, color="grey"))
     marks = []
     rec = ok[ok["recommended"]] if "recommended" in ok else ok.iloc[0:0]
     if len(rec):
         r = rec.iloc[0]
-        ax.scatter([r["campaign_cost_usd_high"]], [r["campaign_hours_high"]], s=160, facecolors="none",
+        ax.scatter([r["campaign_cost_usd_high"]], [r["work_hours_high"]], s=160, facecolors="none",
                    edgecolors="black", linewidths=1.6, label="recommended", zorder=5)
         marks.append((r, "recommended"))
     mine = ok[ok["ordered"]] if "ordered" in ok else ok.iloc[0:0]
     if len(mine) and (not len(rec) or mine.iloc[0]["offer"] != rec.iloc[0]["offer"]):
         r = mine.iloc[0]
-        ax.scatter([r["campaign_cost_usd_high"]], [r["campaign_hours_high"]], s=150, marker="s", facecolors="none",
+        ax.scatter([r["campaign_cost_usd_high"]], [r["work_hours_high"]], s=150, marker="s", facecolors="none",
                    edgecolors="#1f4e9e", linewidths=1.6, label="ordered (--offer)", zorder=5)
         marks.append((r, "ordered"))
     stars = plans[plans["cheapest_for_priority_1"]] if len(plans) else plans
     starred = ok[ok["offer"].isin(set(stars["offer"]))] if len(stars) else ok.iloc[0:0]
     if len(starred):
-        ax.scatter(starred["campaign_cost_usd_high"], starred["campaign_hours_high"], s=150, marker="*",
+        ax.scatter(starred["campaign_cost_usd_high"], starred["work_hours_high"], s=150, marker="*",
                    color="#c0392b", label="★ of a window", zorder=6)
         for _, r in starred.iterrows():
             windows = ", ".join(f"{int(d)} d" for d in stars[stars["offer"] == r["offer"]]["days"])
             marks.append((r, f"★ {windows}"))
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_ylim(float(ok["campaign_hours_low"].min()) / 1.6,
-                max(float(ok["campaign_hours_high"].max()), 24.0 * (days[-1] if days else 0)) * 1.6)
+    ax.set_ylim(float(ok["work_hours_low"].min()) / 1.6,
+                max(float(ok["work_hours_high"].max()), 24.0 * (days[-1] if days else 0) - setup_hours) * 1.6)
     ax.xaxis.set_major_formatter(FuncFormatter(_money))
     ax.yaxis.set_major_formatter(FuncFormatter(_hours))
     ax.set_xlabel("campaign cost (slow end; bar: from the fast end)")
-    ax.set_ylabel("campaign hours (slow end; bar: from the fast end)")
+    ax.set_ylabel("hours of the variants, setup aside\n(slow end; bar: from the fast end)" if setup_hours else
+                  "campaign hours (slow end; bar: from the fast end)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=FONT - 1)
     reasons: dict = {}
     for r, why in marks:  # one name per marked offer, with every reason it is marked
         reasons.setdefault(r["offer"], (r, []))[1].append(why)
-    placed = [(r["campaign_cost_usd_high"], r["campaign_hours_high"], f"{offer} ({'; '.join(why)})")
+    placed = [(r["campaign_cost_usd_high"], r["work_hours_high"], f"{offer} ({'; '.join(why)})")
               for offer, (r, why) in list(reasons.items())[:max_labels]]
     fig.tight_layout()
-    _label_points(ax, fig, placed, window_labels)
-    caption = ("Every offer that fits (or is tight) as a point: the whole campaign's cost against its hours, at the "
+    _label_points(ax, fig, placed, window_labels, list(zip(ok["campaign_cost_usd_high"], ok["work_hours_high"])))
+    setup = (f"the hours its variants run, without the setup ({fmt_hours(setup_hours)} once, the same on every offer, "
+             f"included in the cost and in each window's plan)" if setup_hours else "its hours")
+    caption = (f"Every offer that fits (or is tight) as a point: the whole campaign's cost against {setup}, at the "
                "slow end of each time range, the bar reaching back to the fast end; hollow: offers whose need leaves "
                "something unmodelled (ROCm GPUs, FSDP sized from one process), never recommended. Ring: the "
                "recommendation; "
                "square: the offer ordered with --offer where it differs; ★: the offer each window's plan marks. "
-               "Dashed lines: the rental windows. Basis: each offer's time basis in the selection; prices as of each "
+               f"Dashed lines: the rental windows{', less the setup' if setup_hours else ''}. Labels sit clear of "
+               "every point. Basis: each offer's time basis in the selection; prices as of each "
                "offer's date.")
     return fig, caption
 
 
-def _label_points(ax, fig, points: list[tuple[float, float, str]], obstacles=()) -> None:
-    """Each label beside its point, inside the plot and clear of every label placed before it (and of the window
-    labels): right of the point, else left, moved up or down in steps until it is clear; a moved label gets a
-    leader line to its point."""
+def _label_points(ax, fig, points: list[tuple[float, float, str]], obstacles=(), markers=()) -> None:
+    """Each label beside its point, inside the plot and clear of every label placed before it, of the window
+    labels and of every marker (data coordinates): right of the point, else left, moved up or down in steps until
+    it is clear; a moved label gets a leader line to its point."""
     if not points:
         return
+    from matplotlib.text import Text
+    from matplotlib.transforms import Bbox
+
     renderer = fig.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
     placed_boxes = [o.get_window_extent(renderer) for o in obstacles]
+    r = 4 * fig.dpi / 72  # a marker's half-width, 4 pt: a label's words never cover an offer's point
+    dots = [Bbox([[x - r, y - r], [x + r, y + r]]) for x, y in ax.transData.transform(list(markers)).reshape(-1, 2)]
     step = FONT + 2
-    tries = [(side, dy) for k in range(12) for dy in ((0,) if k == 0 else (-k * step, k * step))
+    tries = [(side, dy) for k in range(20) for dy in ((0,) if k == 0 else (k * step, -k * step))
              for side in ("right", "left")]
     for x, y, text in sorted(points, key=lambda p: -p[1]):
         for n, (side, dy) in enumerate(tries):
@@ -345,16 +362,18 @@ def _label_points(ax, fig, points: list[tuple[float, float, str]], obstacles=())
                             annotation_clip=False,
                             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85},
                             arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.6} if dy else None)
-            box = t.get_window_extent(renderer)
+            box = t.get_window_extent(renderer)  # the words and their leader line
+            words = Text.get_window_extent(t, renderer)
             inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
-            if (inside and not any(box.overlaps(b) for b in placed_boxes)) or n == len(tries) - 1:
+            clear = not any(box.overlaps(b) for b in placed_boxes) and not any(words.overlaps(d) for d in dots)
+            if (inside and clear) or n == len(tries) - 1:
                 placed_boxes.append(box)
                 break
             t.remove()
 
 
-def decision_picture(sheet: pd.DataFrame, plans: pd.DataFrame) -> dict | None:
-    made = decision_figure(sheet, plans)
+def decision_picture(sheet: pd.DataFrame, plans: pd.DataFrame, setup_hours: float = 0.0) -> dict | None:
+    made = decision_figure(sheet, plans, setup_hours=setup_hours)
     return None if made is None else {"svg": _svg(made[0]), "caption": made[1]}
 
 
@@ -449,10 +468,10 @@ def plans_timeline(sheet: pd.DataFrame, plans: pd.DataFrame) -> dict | None:
 
 
 def order_sheet_figures(lines: pd.DataFrame, sheet: pd.DataFrame, plans: pd.DataFrame,
-                        headroom: float = 0.10) -> list[dict]:
+                        headroom: float = 0.10, setup_hours: float = 0.0) -> list[dict]:
     if not available():
         return []
-    figs = [decision_picture(sheet, plans), plans_timeline(sheet, plans), memory_per_phase(lines, sheet, headroom),
+    figs = [decision_picture(sheet, plans, setup_hours), plans_timeline(sheet, plans), memory_per_phase(lines, sheet, headroom),
             cost_per_window(plans), max_micro_batch(sheet)]
     return [f for f in figs if f]
 

@@ -366,7 +366,7 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
     ctx = build_context(campaign, sheet, plans, budget, lines, catalog, headroom)
     ctx["verify_command"] = f"rentplan verify {shlex.quote(verify_path)}"  # as sky.yaml's run line says it
     ctx["launch_note"] = launch_note
-    ctx["figures"] = order_sheet_figures(lines, sheet, plans, headroom)
+    ctx["figures"] = order_sheet_figures(lines, sheet, plans, headroom, campaign.setup_hours)
     ctx["figures_note"] = "" if available() else "No pictures: install the report extra (pip install 'rentplan[report]')."
     files = {
         "selection.csv": sheet.to_csv(index=False),

@@ -15,7 +15,7 @@ import pandas as pd
 from planner import __version__
 from planner.errors import InputError, LedgerError
 from planner.ledger import Ledger
-from planner.units import fmt_seconds, fmt_usd
+from planner.units import fmt_usd
 
 
 def _config(run) -> dict:
@@ -264,7 +264,10 @@ def curves_figure(runs: pd.DataFrame, metrics: pd.DataFrame, fmt: str = "svg") -
             first = above.iloc[0]
             ax1.plot([first["update_no"]], [top], marker="^", color=line.get_color())
             clipped.append(f"{r.variant} (lr {r.lr:g}) reached {first['loss']:.3g} at update {int(first['update_no'])}")
+    from matplotlib.ticker import MaxNLocator
+
     for ax, title in ((ax1, "training loss (measured)"), (ax2, "validation loss (measured)")):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # updates are whole: no tick at 2.5
         ax.set_xlabel("update")
         ax.set_ylabel("loss")
         ax.set_title(title)
@@ -305,23 +308,31 @@ RUN_COLUMNS = {"run_id": "run", "variant": "variant", "seed": "seed", "lr": "lr"
 
 
 WRAP = {"status", "detail", "quality", "changes", "comparable"}  # sentences: wrapped; the rest on one line
-DURATION = {"hours": 3600.0, "seconds": 1.0, "setup_s": 1.0}  # shown as durations (1.2 s, 3 min, 2.5 h)
+WRAP_OVER = 24  # characters: a shorter sentence ("yes", "finished") stays on one line in a narrow column
+DURATION = {"hours": "h", "seconds": "s", "setup_s": "s"}  # durations, each in the unit its column's name says
+
+
+def _in_unit(x: float, unit: str) -> str:
+    """A duration in the unit its column names (a column called hours never shows seconds): 3 significant
+    digits in plain decimals (0.00168 h, never 1.68e-03), whole numbers from 100 up."""
+    if x >= 100:
+        return f"{x:,.0f} {unit}"
+    return f"{x:.{max(0, 2 - math.floor(math.log10(x)))}f} {unit}" if x > 0 else f"0 {unit}"
 
 
 def _cell(v, key: str = "") -> dict:
     """A table cell: the text shown, and the whole text as a tooltip where it was shortened (a sha256)."""
-    wrap = key in WRAP
     if v is None or (isinstance(v, float) and v != v):
-        return {"text": "", "title": "", "wrap": wrap}
+        return {"text": "", "title": "", "wrap": False}
     if key in DURATION:
-        return {"text": fmt_seconds(float(v) * DURATION[key]), "title": "", "wrap": wrap}
+        return {"text": _in_unit(float(v), DURATION[key]), "title": "", "wrap": False}
     if key == "cost_usd":
-        return {"text": fmt_usd(float(v)), "title": "", "wrap": wrap}
+        return {"text": fmt_usd(float(v)), "title": "", "wrap": False}
     if isinstance(v, float):
-        return {"text": f"{v:.4g}", "title": "", "wrap": wrap}
+        return {"text": f"{v:.4g}", "title": "", "wrap": False}
     text = str(v)
     short = SHA.sub(lambda m: m.group(1) + "…", text)
-    return {"text": short, "title": text if short != text else "", "wrap": wrap}
+    return {"text": short, "title": text if short != text else "", "wrap": key in WRAP and len(short) > WRAP_OVER}
 
 
 def _cells(df: pd.DataFrame, columns: dict) -> tuple[list[str], list[list[dict]]]:
