@@ -253,6 +253,18 @@ def test_each_gpu_is_sized_from_one_kernel_basis_and_more_memory_never_holds_les
     for small, big in [("t4", "l4"), ("v100_16gb", "rtx_3090"), ("v100_32gb", "a100_40gb")]:
         if rows.loc[small, "kernel_basis"] == rows.loc[big, "kernel_basis"]:
             assert rows.loc[small, "max_micro_batch"] <= rows.loc[big, "max_micro_batch"], (small, big)
+    # the sheet and the chart name the basis per row, not one basis for all
+    from planner.outputs.figures import max_mb_figure
+    from planner.outputs.render import sheet_rows
+
+    shown = {r["gpu"]: r["kernels"] for r in sheet_rows(rows.reset_index())}
+    fig, caption = max_mb_figure(rows.reset_index())
+    labels = {t.get_text().split(" ")[0]: t.get_text() for t in fig.axes[0].get_yticklabels()}
+    for gpu, basis in sized_from.items():
+        assert shown[gpu].startswith(basis) and labels[gpu].endswith(f", {basis})" if basis == kernel_target(
+            rows.loc[gpu, "compute_capability"]) else f", {basis} †)"), (gpu, shown[gpu], labels[gpu])
+        assert ("no " in shown[gpu]) == (rows.loc[gpu, "kernel_basis_note"] != "")
+    assert all(f"{b}: " in caption for b in set(sized_from.values()))
 
 
 def test_a_gpu_measured_on_its_own_kind_comes_first_and_its_basis_shares_those_lines(tmp_path):
