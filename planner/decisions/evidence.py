@@ -1,11 +1,18 @@
 """Which ledger lines size a campaign: one stated rule, so that lines about anything else never move a plan.
 
-The rule, for one campaign at one precision (and, for estimates, one kernel target):
+The rule, for one campaign at one precision on one GPU (its kind and its kernel basis, planner/models/kernels.py):
 1. Family: the campaign's workload, parameters, optimizer and checkpointing, at that precision; one process
    (rank lines stand apart: FSDP rank lines size only FSDP plans); runs whose every phase ended ok.
-2. Evidence, best first, never mixed in one fit: measured on a GPU; estimated for the target GPU's kernels;
-   measured on a CPU; estimated with CPU kernels. A CPU's kernels are evidence about a GPU only through a
-   model (see probes/kernels.py), which is why an estimate for the target outranks a CPU measurement.
+2. Kernel basis, never mixed in one fit: each run has the basis of the kernels it ran (a GPU's: sm80+ or sm50-75
+   by its compute capability; a CPU's: cpu; an estimate's: its target). A GPU is sized from lines of the basis it
+   dispatches: measured on that GPU kind, then measured on another GPU of that basis, then estimated for it. Only
+   where the ledger has no line of its basis, the nearest basis that has lines (NEAREST_BASES: the other CUDA
+   basis, then a GPU not in the catalog, then the CPU's; measured before estimated within each), and the row says
+   so. A CPU's kernels are evidence about a GPU only through a model (see probes/kernels.py), so an estimate for a
+   GPU's kernels outranks a CPU measurement; and two GPUs of one basis read the same lines, so the one with more
+   memory never holds less.
+   Without a GPU in view (the pilot machine's own order, FSDP rank lines): measured on a GPU, measured on a CPU,
+   estimated with CPU kernels, estimated for a GPU's kernels.
 3. Uncapped before capped: a cap changes how the allocator behaves (under a cap CUDA's allocator frees its
    cache sooner), so capped runs size a campaign only when there is no uncapped one.
 4. The newest run of each shape (micro-batch, seq_len, eval micro-batch, eval seq_len).
@@ -24,6 +31,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from planner.models.kernels import kernel_target
+from planner.models.timing import match_catalog_gpu
 from planner.records import OBSERVED_PHASES, PHASES
 
 NEAREST = 8
@@ -74,37 +83,96 @@ def run_facts(lines: pd.DataFrame) -> pd.DataFrame:
     return base
 
 
-def evidence_rank(facts: pd.DataFrame, target: str | None) -> pd.Series:
-    """0 measured on a GPU, 1 estimated for the target's kernels, 2 measured on a CPU, 3 estimated with CPU
-    kernels (or for no target), 4 estimated for another target's kernels."""
+UNKNOWN_GPU = "unknown-gpu"  # the basis of a run measured on a GPU the catalog does not name: kernels not known
+# From a GPU's own basis outward: the other CUDA basis runs the same kinds of kernels (fused dropout, flash or
+# memory-efficient attention, CUDA's autocast policy) through the same allocator; a CPU runs math attention and its
+# own autocast policy, so its lines are the farthest from any GPU.
+NEAREST_BASES = {"sm80+": ("sm80+", "sm50-75", UNKNOWN_GPU, "cpu"),
+                 "sm50-75": ("sm50-75", "sm80+", UNKNOWN_GPU, "cpu")}
+
+
+def kernel_bases(facts: pd.DataFrame, catalog=None) -> pd.DataFrame:
+    """`facts` with two columns more: `kernel_basis`, the kernels each run ran (a measured GPU run: its catalog
+    GPU's target, UNKNOWN_GPU without one; a CPU run: cpu; an estimate: its target, cpu when it names none), and
+    `gpu_kind`, the catalog GPU a measured GPU run ran on ("" otherwise)."""
+    facts = facts.copy()
+    if facts.empty:
+        facts["kernel_basis"], facts["gpu_kind"] = pd.Series(dtype=str), pd.Series(dtype=str)
+        return facts
     measured = facts["mode"] == "measured"
     gpu = facts["device"].astype(str).str.startswith("cuda")
-    tgt = facts["target"].fillna("") if "target" in facts else pd.Series("", index=facts.index)
-    rank = pd.Series(3, index=facts.index)
-    rank[~measured & (tgt != "") & (tgt != "cpu")] = 4
-    if target:
-        rank[~measured & (tgt == target)] = 1
-    rank[measured & ~gpu] = 2
-    rank[measured & gpu] = 0
-    return rank
+    target = facts["target"].fillna("").astype(str) if "target" in facts else pd.Series("", index=facts.index)
+    names = facts["device_name"].fillna("").astype(str)
+    found = {n: (match_catalog_gpu(n, catalog) if catalog is not None and n else None)
+             for n in set(names[measured & gpu])}
+    kinds, bases = [], []
+    for m, g, t, n in zip(measured, gpu, target, names):
+        if m and g:
+            cat = found[n]
+            kinds.append(cat.id if cat else "")
+            bases.append(kernel_target(cat.compute_capability, cat.software) if cat else UNKNOWN_GPU)
+        else:
+            kinds.append("")
+            bases.append("cpu" if m or t in ("", "cpu") else t)
+    facts["kernel_basis"], facts["gpu_kind"] = bases, kinds
+    return facts
 
 
-RANK_NAMES = {0: "measured on a GPU", 1: "estimated for the target's kernels", 2: "measured on a CPU",
-              3: "estimated with CPU kernels", 4: "estimated for another GPU class's kernels"}
+def evidence_rank(facts: pd.DataFrame, target: str | None, kind: str | None = None) -> pd.Series:
+    """Lower is better. For a GPU (target: its kernel basis; kind: its catalog id): 3 × the distance of the run's
+    basis from the GPU's (NEAREST_BASES) + 0 measured on that GPU kind, 1 measured elsewhere, 2 estimated.
+    Without a GPU target: 0 measured on a GPU, 2 measured on a CPU, 3 estimated with CPU kernels, 4 estimated for
+    a GPU's kernels."""
+    if "kernel_basis" not in facts:
+        facts = kernel_bases(facts)
+    measured = facts["mode"] == "measured"
+    basis = facts["kernel_basis"]
+    if target not in NEAREST_BASES:
+        rank = pd.Series(3, index=facts.index)
+        rank[~measured & (basis != "cpu")] = 4
+        rank[measured & (basis == "cpu")] = 2
+        rank[measured & (basis != "cpu")] = 0
+        return rank
+    order = NEAREST_BASES[target]
+    distance = basis.map(lambda b: order.index(b) if b in order else len(order))
+    within = pd.Series(2, index=facts.index)
+    within[measured] = 1
+    if kind:
+        within[measured & (facts["gpu_kind"] == kind)] = 0
+    return 3 * distance + within
 
 
 @dataclass
 class Evidence:
-    """The lines that size one (campaign, precision, target), and why these."""
+    """The lines that size one (campaign, precision, GPU), and why these."""
 
     lines: pd.DataFrame  # every line of the chosen runs
     facts: pd.DataFrame  # one row per chosen run, nearest shape first
     rank: int
     capped: bool
+    target: str | None = None  # the kernel basis of the GPU being sized (None: no GPU in view)
 
     @property
     def run_ids(self) -> list[str]:
         return list(self.facts.index)
+
+    @property
+    def measured(self) -> bool:
+        return bool((self.facts["mode"] == "measured").all())
+
+    @property
+    def basis(self) -> str:
+        """The kernel basis of the chosen runs (one, where a GPU is in view)."""
+        if "kernel_basis" not in self.facts:
+            return ""
+        return "/".join(sorted(set(self.facts["kernel_basis"])))
+
+    @property
+    def basis_note(self) -> str:
+        """Said on the row when the GPU's own basis had no lines."""
+        if self.target not in NEAREST_BASES or self.basis == self.target:
+            return ""
+        return f"no {self.target} lines in the ledger: sized from the nearest kernel basis with lines ({self.basis})"
 
     @property
     def nearest(self) -> pd.Series:
@@ -123,12 +191,26 @@ class Evidence:
         run = limits.idxmin()
         return int(limits[run]), str(self.facts.loc[run, "position_limit_basis"] or "")
 
+    def what(self) -> str:
+        """What the chosen runs are, with their kernel basis."""
+        basis = self.basis
+        if self.measured:
+            if basis == "cpu":
+                return "measured on a CPU"
+            names = ", ".join(sorted(set(self.facts["device_name"].fillna("").astype(str)) - {""}))
+            same = self.target in NEAREST_BASES and self.rank % 3 == 0
+            return f"measured on {'this GPU kind' if same else 'a GPU'} ({names}; {basis} kernels)"
+        if basis == "cpu":
+            return "estimated with CPU kernels"
+        return f"estimated for the target's kernels ({basis})" if basis == self.target else \
+            f"estimated for {basis} kernels"
+
     def describe(self) -> str:
         cap = "; capped runs (no uncapped run of this family)" if self.capped else ""
         sources = sorted(set(self.facts["source"]) - {"probe"}) if "source" in self.facts else []
         own = f"; the user's own loop ({', '.join(sources)})" if sources else ""
-        return f"{RANK_NAMES[self.rank]}: {len(self.facts)} run(s) nearest the campaign's shape{cap}{own}"
-
+        note = f"; {self.basis_note}" if self.basis_note else ""
+        return f"{self.what()}: {len(self.facts)} run(s) nearest the campaign's shape{cap}{own}{note}"
 
 def shape_distance(facts: pd.DataFrame, micro_batch: int, seq_len: int) -> pd.Series:
     tokens = facts["micro_batch"].astype(float) * facts["seq_len"].astype(float)
@@ -137,10 +219,11 @@ def shape_distance(facts: pd.DataFrame, micro_batch: int, seq_len: int) -> pd.Se
 
 
 def choose(lines: pd.DataFrame, facts: pd.DataFrame, precision: str, micro_batch: int, seq_len: int,
-           target: str | None = None, world_size: int = 1) -> Evidence | None:
+           target: str | None = None, world_size: int = 1, kind: str | None = None) -> Evidence | None:
     """Apply the rule to one family's lines (already filtered to the campaign's workload, params, optimizer and
-    checkpointing); None when no complete run of `world_size` processes at this precision exists (world_size
-    > 1: FSDP rank lines, for the per-rank need of FSDP plans)."""
+    checkpointing) for a GPU of kernel basis `target` and catalog id `kind`; None when no complete run of
+    `world_size` processes at this precision exists (world_size > 1: FSDP rank lines, for the per-rank need of
+    FSDP plans)."""
     if facts.empty:
         return None
     runs = facts[(facts["precision"] == precision) & (facts["world_size"] == world_size) & facts["complete"]]
@@ -148,7 +231,7 @@ def choose(lines: pd.DataFrame, facts: pd.DataFrame, precision: str, micro_batch
         runs = runs[runs["strategy"] == "fsdp"]
     if runs.empty:
         return None
-    runs = runs.assign(_rank=evidence_rank(runs, target))
+    runs = runs.assign(_rank=evidence_rank(runs, target, kind))
     best = int(runs["_rank"].min())
     runs = runs[runs["_rank"] == best]
     uncapped = runs[runs["cap"].fillna("") == ""]
@@ -158,7 +241,7 @@ def choose(lines: pd.DataFrame, facts: pd.DataFrame, precision: str, micro_batch
     runs = runs.assign(_d=shape_distance(runs, micro_batch, seq_len))
     runs = runs.sort_values(["_d", "newest"], ascending=[True, False]).head(NEAREST)
     chosen = lines[lines["run_id"].isin(runs.index)]
-    return Evidence(chosen, runs.drop(columns=["_rank", "_d"]), best, capped)
+    return Evidence(chosen, runs.drop(columns=["_rank", "_d"]), best, capped, target)
 
 
 OWN_LOOP_EVAL = {"script": "call model.eval() for an evaluation pass (model.train() ends it)",

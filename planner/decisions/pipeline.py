@@ -30,7 +30,7 @@ def make_plan(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroo
     if not 0 <= headroom < 1:
         raise InputError(f"--headroom must be a fraction in [0, 1), got {headroom}.")
     days = days or [3, 7, 30]
-    fams = CampaignFamily(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
+    fams = CampaignFamily(family_lines(lines, campaign), campaign, catalog.fragmentation_factor, catalog)
     sheet = select(campaign, lines, catalog, headroom, observed=observed, fams=fams)
     require_feasible(sheet, catalog)
     sheet, dearer = best_per_market(mark_ordered(sheet, offer_id))

@@ -15,7 +15,7 @@ import pandas as pd
 from planner.inputs.campaign_spec import Campaign
 from planner.inputs.catalog import Catalog, Gpu, Offer
 from planner.errors import LedgerError, NoFeasibleGpu
-from planner.decisions.evidence import Evidence, choose, run_facts, why_incomplete
+from planner.decisions.evidence import Evidence, choose, kernel_bases, run_facts, why_incomplete
 from planner.decisions.selfcheck import estimate_check
 from planner.models.kernels import kernel_target
 from planner.models.memory_model import (SEQ_LIMIT, MemoryModel, Need, allocated_factor, build_model, max_micro_batch,
@@ -119,21 +119,25 @@ class FamilyModels:
 class CampaignFamily:
     """The campaign's family, sized per (precision, target) on demand by one rule (planner/decisions/evidence.py)."""
 
-    def __init__(self, fam_lines: pd.DataFrame, campaign: Campaign, fragmentation: float):
+    def __init__(self, fam_lines: pd.DataFrame, campaign: Campaign, fragmentation: float,
+                 catalog: Catalog | None = None):
         self.lines, self.campaign, self.fragmentation = fam_lines, campaign, fragmentation
-        self.facts = run_facts(fam_lines)
+        self.facts = kernel_bases(run_facts(fam_lines), catalog)  # the catalog names the GPUs runs were measured on
+        self.kinds = set(self.facts["gpu_kind"]) - {""}
         self.seq, self.seq_note = campaign_seq_len(campaign, fam_lines)
         self.micro_batch = campaign.micro_batch or campaign.effective_batch
         self.one_process_loop = one_process_loop(self.facts)
         self._cache: dict[tuple, FamilyModels | None] = {}
 
-    def exact(self, precision: str, target: str | None = None, world_size: int = 1) -> FamilyModels | None:
-        key = (precision, target, world_size)
+    def exact(self, precision: str, target: str | None = None, world_size: int = 1,
+              kind: str | None = None) -> FamilyModels | None:
+        kind = kind if kind in self.kinds else None  # a GPU kind with no run of its own ranks as its basis does
+        key = (precision, target, world_size, kind)
         if key not in self._cache:
-            ev = choose(self.lines, self.facts, precision, self.micro_batch, self.seq, target, world_size)
+            ev = choose(self.lines, self.facts, precision, self.micro_batch, self.seq, target, world_size, kind)
             model = None if ev is None else build_model(ev.lines, self.fragmentation)
             notes = []
-            if model is not None and ev.rank in (1, 3, 4):  # sized from estimates: checked against measurements
+            if model is not None and not ev.measured:  # sized from estimates: checked against measurements
                 check = estimate_check(self.lines, precision)
                 if check is not None:
                     notes.append(check.note)
@@ -142,7 +146,7 @@ class CampaignFamily:
                 if target not in (None, "", "cpu"):
                     steady = ev.facts.get("op_profile_json", pd.Series([], dtype=object))
                     allowances = [(ESTIMATE_ALLOWANCE, estimate_note())]
-                    if any(has_convolutions(p, target) for p in steady):
+                    if any(has_convolutions(p, t) for p in steady for t in {target, ev.basis}):
                         allowances.append((CONV_ALLOWANCE, conv_note()))
                     for fraction, why in allowances:
                         model.widen *= 1 + fraction
@@ -152,16 +156,18 @@ class CampaignFamily:
                                                                        note=note)
         return self._cache[key]
 
-    def get(self, precision: str, target: str | None = None) -> FamilyModels | None:
-        """This precision's lines; else bf16/fp16's twin (autocast keeps the same tensors); else any other
-        precision's, in a fixed order, saying so."""
-        fam = self.exact(precision, target)
-        if fam is not None:
-            return fam
+    def get(self, precision: str, target: str | None = None, kind: str | None = None) -> FamilyModels | None:
+        """This precision's lines; else bf16/fp16's twin (autocast keeps the same tensors), also where the twin's
+        lines are of a nearer kernel basis (the basis comes before the precision); else any other precision's, in a
+        fixed order, saying so."""
+        fam = self.exact(precision, target, kind=kind)
         twin = {"bf16": "fp16", "fp16": "bf16", "bf16-true": "16-true", "16-true": "bf16-true"}.get(precision)
+        twin_fam = self.exact(twin, target, kind=kind) if twin else None
+        if fam is not None and (twin_fam is None or fam.evidence.rank <= twin_fam.evidence.rank):
+            return fam
         others = ([twin] if twin else []) + sorted(p for p in set(self.facts["precision"]) if p not in (precision, twin))
         for other in others:
-            f = self.exact(other, target)
+            f = self.exact(other, target, kind=kind)
             if f is not None:
                 note = f"memory and FLOPs from {other} lines" if other == twin else \
                     f"no {precision} lines: used {other} lines"
@@ -217,7 +223,7 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
            offers: list[Offer] | None = None, observed: dict[str, dict] | None = None,
            fams: CampaignFamily | None = None) -> pd.DataFrame:
     """The selection sheet: one row per offer, sorted fits first, then by campaign cost; one row recommended."""
-    fams = fams or CampaignFamily(family_lines(lines, campaign), campaign, catalog.fragmentation_factor)
+    fams = fams or CampaignFamily(family_lines(lines, campaign), campaign, catalog.fragmentation_factor, catalog)
     if not fams.any():
         single = fams.facts[fams.facts["world_size"] == 1] if len(fams.facts) else fams.facts
         if single.empty:
@@ -314,7 +320,7 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     """What an offer's shape (GPU, count, nodes, network) holds and how long the campaign takes on it: every
     field of the row but the price's (offer is any offer of that shape; priced_sheet adds the prices)."""
     precision, why = choose_precision(gpu, campaign.precision)
-    fam = fams.get(precision, kernel_target(gpu.compute_capability, gpu.software))
+    fam = fams.get(precision, kernel_target(gpu.compute_capability, gpu.software), gpu.id)
     workspaces = outside_bytes(fam, gpu, catalog)
     ctx = catalog.context_bytes + workspaces
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
@@ -361,6 +367,7 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "idle_gpus": offer.gpus_per_instance * offer.nodes - replicas,
         "needs_ddp_loop": bool(plan.get("needs_ddp_loop")),
         "evidence": fam.evidence.describe(), "run_ids": ", ".join(fam.evidence.run_ids),
+        "kernel_basis": fam.evidence.basis, "kernel_basis_note": fam.evidence.basis_note,
         "min_cuda": gpu.min_cuda, "software": gpu.software, "compute_capability": gpu.compute_capability,
         "unmodelled": "; ".join(x for x in (plan.get("unmodelled", ""), not_sized(gpu)) if x),
         "notes": "; ".join(notes),

@@ -222,13 +222,24 @@ def max_mb_figure(sheet: pd.DataFrame):
     ax.set_xticklabels([f"{t:,}" for t in ticks])
     ax.set_xlim(0.5, top * 8)
     ax.set_ylim(-0.8, n - 0.2)  # room below the first row's words, above the axis line
-    ax.set_yticks(y, [f"{g} ({u / 2**30:.0f} GiB)" for g, u in zip(per_gpu["gpu"], per_gpu["usable_bytes"])])
+    # each bar names the kernel basis its GPU was sized from (GPUs of one basis read one set of lines); † where
+    # its own basis had no lines
+    bases = per_gpu.get("kernel_basis", pd.Series("", index=per_gpu.index)).fillna("")
+    fallback = per_gpu.get("kernel_basis_note", pd.Series("", index=per_gpu.index)).fillna("") != ""
+    ax.set_yticks(y, [f"{g} ({u / 2**30:.0f} GiB{f', {b}' if b else ''}{' †' if f else ''})"
+                      for g, u, b, f in zip(per_gpu["gpu"], per_gpu["usable_bytes"], bases, fallback)])
     ax.set_xlabel("largest micro-batch that fits (log scale)")
     fig.tight_layout()
     seq = int(sheet["seq_len"].iloc[0]) if len(sheet) else 0
     caption = (f"Largest micro-batch per GPU at seq_len {seq}, from the fitted memory model with the headroom, "
                f"CUDA context and workspaces; hatched bars are extrapolated beyond the probed sizes; a bar at the "
-               f"search limit means at least that many. Basis: {sheet['need_basis'].iloc[0] if len(sheet) else ''}.")
+               f"search limit means at least that many. "
+               + ("Kernel basis in brackets: each GPU sized from the lines of the kernels it dispatches"
+                  + ("; † its own basis had no lines, sized from the nearest that had" if fallback.any() else "")
+                  + ". " if bases.any() else "")
+               + "Basis: " + "; ".join(f"{b + ': ' if b else ''}{n}" for b, n in
+                                       per_gpu.assign(_b=bases).drop_duplicates("_b")[["_b", "need_basis"]].values)
+               + ".")
     return fig, caption
 
 

@@ -146,7 +146,7 @@ def local_order(campaign, result, headroom: float) -> dict:
 
     fam = result.families.get(campaign.precision)
     local = fam.facts[(fam.facts["mode"] == "measured") & fam.facts["update_s"].notna()] if fam else None
-    if local is None or local.empty or fam.evidence.rank not in (0, 2):
+    if local is None or local.empty or not fam.evidence.measured:
         raise LedgerError("no measured run of this campaign's family on this machine to order from: run "
                           "`rentplan probe` here first (estimates time nothing).")
     run = local.iloc[0]  # nearest the campaign's shape

@@ -125,6 +125,13 @@ def need_text(r) -> str:
     return f"{fmt_bytes(r['need_bytes'])}{'*' if r['need_extrapolated'] else ''}"
 
 
+def kernels_text(r) -> str:
+    """The kernel basis a row was sized from; where its GPU's own basis had no lines, the row says so."""
+    basis = r.get("kernel_basis") if isinstance(r.get("kernel_basis"), str) else ""
+    note = r.get("kernel_basis_note") if isinstance(r.get("kernel_basis_note"), str) else ""
+    return f"{basis} ({note.split(':')[0]})" if note else basis
+
+
 def time_text(r) -> str:
     """The range, and the point estimate where the model gives one."""
     text = _range(r["update_s_low"], r["update_s_high"], fmt_seconds)
@@ -167,7 +174,7 @@ def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
             "offer": r["offer"], "gpu": r["gpu"], "provider": r["provider"], "gpus": r["gpus_per_instance"],
             "price": _price(r),
             "usable": fmt_bytes(r["usable_bytes"]), "need": need_text(r), "need_phase": r["need_phase"],
-            "headroom": margin_text(r["headroom_pct"]), "verdict": r["verdict"],
+            "kernels": kernels_text(r), "headroom": margin_text(r["headroom_pct"]), "verdict": r["verdict"],
             "unmodelled": r["unmodelled"] if isinstance(r.get("unmodelled"), str) else "",
             "max_mb": (f"≥ {int(r['max_micro_batch'])} (FSDP: the planned micro-batch; larger not searched)"
                        if r.get("strategy") == "fsdp" else
@@ -283,9 +290,10 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
             f"need = the largest phase peak: reserved where measured on CUDA, else the reserved peak a model of "
             f"CUDA's caching allocator gives for the run's own allocations, else (lines without that model) "
             f"allocated × {catalog.fragmentation_factor:g}; allocated and reserved are never added",
-            "lines that size the campaign: one rule (measured on a GPU > estimated for the GPU's kernels > measured "
-            "on a CPU > estimated with CPU kernels; uncapped; newest per shape; nearest shapes); the runs used are "
-            "named under 'Rent this'",
+            "lines that size the campaign: one rule (each GPU from the lines of the kernels it dispatches, its "
+            "'kernels' column: measured on that GPU kind > measured on a GPU of its basis > estimated for its basis; "
+            "only where its basis has no lines, the nearest that has (the other GPU basis, then the CPU's), said on "
+            "the row; uncapped; newest per shape; nearest shapes); the runs used are named under 'Rent this'",
             "time ranges: see each row's basis; plans and costs use the slow end of the range",
             f"checkpoint saves and the export: timed on a GPU of the same kind where the ledger has it, else the bytes "
             f"the pilot wrote ÷ the offer's disk write rate (catalog default {catalog.disk_write_mib_s:g} MiB/s, "
