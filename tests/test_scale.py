@@ -34,7 +34,7 @@ def grown_catalog(path, copies: int = 3, as_json: bool = False):
     cat["offers"] = offers
     path.write_text(json.dumps(cat) if as_json else yaml.safe_dump(cat, sort_keys=False))
     markets = {(o["provider"], o.get("instance"), o["gpu"], o["gpus_per_instance"], o.get("nodes", 1), o["note"],
-                o["spot"]) for o in offers}
+                o["spot"], o.get("billing_minimum_hours", 0)) for o in offers}  # a capacity block is its own market
     return path, len(markets)
 
 
@@ -54,7 +54,8 @@ def test_the_sheet_keeps_the_cheapest_offer_per_market_and_all_offers_writes_the
     markets = base
     assert len(sheet) == markets  # one per market: a k=0 copy, the cheapest
     assert sheet["offer"].str.endswith("-0").all()
-    assert sheet.groupby(["provider", "instance", "gpu", "gpus_per_instance", "nodes", "region", "spot"],
+    assert sheet.groupby(["provider", "instance", "gpu", "gpus_per_instance", "nodes", "region", "spot",
+                          "billing_minimum_hours"],
                          dropna=False).size().max() == 1
     every = pd.read_csv(tmp_path / "out" / "selection-all.csv")
     assert len(every) == 69 * len(REGIONS) * 3 and set(sheet["offer"]) <= set(every["offer"])

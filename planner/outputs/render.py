@@ -174,7 +174,9 @@ def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
             "offer": r["offer"], "gpu": r["gpu"], "provider": r["provider"], "gpus": r["gpus_per_instance"],
             "price": _price(r),
             "usable": fmt_bytes(r["usable_bytes"]), "need": need_text(r), "need_phase": r["need_phase"],
-            "kernels": kernels_text(r), "headroom": margin_text(r["headroom_pct"]), "verdict": r["verdict"],
+            "kernels": kernels_text(r), "kernel_basis": r.get("kernel_basis") or "",
+            "kernel_note": r.get("kernel_basis_note") if isinstance(r.get("kernel_basis_note"), str) else "",
+            "headroom": margin_text(r["headroom_pct"]), "verdict": r["verdict"],
             "unmodelled": r["unmodelled"] if isinstance(r.get("unmodelled"), str) else "",
             "max_mb": (f"≥ {int(r['max_micro_batch'])} (FSDP: the planned micro-batch; larger not searched)"
                        if r.get("strategy") == "fsdp" else
