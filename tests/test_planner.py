@@ -218,3 +218,25 @@ def test_no_complete_run_names_each_runs_reason_and_oom_only_where_there_is_one(
     assert "eval ended error" in said and "ledger show --run" in said and "oom" not in said
     said = why_incomplete(lines_frame(oom + error))
     assert "first_step ended oom" in said and "--verdict oom" in said and "eval ended error" in said
+
+
+def test_a_batch_is_read_by_role():
+    """#44: a script's batch is read by what its tensor is, not by its dim 1 (an NCHW image's 3 channels were
+    recorded as seq_len)."""
+    from planner.shapes import parse_shape, read_shape
+
+    ids = read_shape((8, 512), floating=False)
+    assert (ids.kind, ids.batch, ids.positions, ids.text) == ("tokens", 8, 512, "tokens 8×512")
+    image = read_shape((8, 3, 32, 32), floating=True)  # channels are not a sequence: positions are H×W
+    assert (image.kind, image.batch, image.positions, image.text) == ("image", 8, 1024, "image 8×3×32×32")
+    volume = read_shape((2, 1, 16, 32, 32), floating=True)  # N×C×D×H×W: D×H×W
+    assert (volume.kind, volume.batch, volume.positions) == ("image", 2, 16 * 32 * 32)
+    frames = read_shape((8, 100, 80), floating=True)  # embeddings or audio frames: N×L×D, the sequence is L
+    assert (frames.kind, frames.batch, frames.positions, frames.text) == ("sequence", 8, 100, "sequence 8×100×80")
+    vectors = read_shape((8, 64), floating=True)  # one feature vector per example: no sequence
+    assert (vectors.kind, vectors.batch, vectors.positions) == ("features", 8, 1)
+    assert read_shape((8,), floating=True) is None
+    for shape in (ids, image, volume, frames, vectors):
+        assert parse_shape(shape.text) == shape  # the ledger's text reads back as what was read
+    assert parse_shape("") is None and parse_shape(None) is None and parse_shape("mb8×3") is None
+    assert image.positions_text == "1,024 positions (32×32)" and volume.positions_text == "16,384 positions (16×32×32)"

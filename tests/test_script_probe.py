@@ -268,3 +268,18 @@ def test_plan_names_the_real_reason_a_script_run_is_incomplete(tmp_path, monkeyp
     assert "Error: no complete run to plan from" in r.output
     assert f"run {run_id} (script) has no eval line" in r.output and "model.eval()" in r.output
     assert "oom" not in r.output
+
+
+def test_a_model_call_is_read_by_role():
+    """The hook's reading of a model call: token ids before anything else; an NCHW image's channels are no sequence."""
+    import torch
+
+    from probes.observe import batch_shape
+
+    image, t = torch.rand(8, 3, 32, 32), torch.rand(8)  # a denoiser's call: images and a 1-D timestep
+    assert batch_shape((image, t), {}).text == "image 8×3×32×32"
+    assert batch_shape((), {"pixel_values": image, "labels": torch.randint(0, 9, (8,))}).positions == 1024
+    ids = torch.randint(0, 100, (4, 32))
+    assert batch_shape((), {"input_ids": ids, "attention_mask": torch.ones(4, 32)}).text == "tokens 4×32"
+    assert batch_shape((torch.rand(4, 50, 80),), {}).text == "sequence 4×50×80"
+    assert batch_shape((torch.rand(8),), {}) is None
