@@ -166,7 +166,7 @@ workload: script:unet-denoiser-b
 precision: fp32
 effective_batch: 16
 updates: 2000
-eval: {every_updates: 500, examples: 64, seq_len: 3}
+eval: {every_updates: 500, examples: 64, seq_len: 4096}   # positions per example: the 64×64 images' H×W
 setup_hours: 0.5
 variants:
   - {id: control, lr: 1.0e-3}

@@ -17,6 +17,7 @@ from planner.inputs.catalog import Catalog, Gpu, Offer
 from planner.errors import LedgerError, NoFeasibleGpu
 from planner.decisions.evidence import Evidence, choose, run_facts, why_incomplete
 from planner.decisions.selfcheck import estimate_check
+from planner.decisions.shapes import agreeing_shape, input_kind
 from planner.models.kernels import kernel_target
 from planner.models.memory_model import (SEQ_LIMIT, MemoryModel, Need, allocated_factor, build_model, max_micro_batch,
                                          max_seq_len)
@@ -122,6 +123,8 @@ class CampaignFamily:
     def __init__(self, fam_lines: pd.DataFrame, campaign: Campaign, fragmentation: float):
         self.lines, self.campaign, self.fragmentation = fam_lines, campaign, fragmentation
         self.facts = run_facts(fam_lines)
+        # What the model takes, as the user's loop was read (planner/shapes.py): an image's seq_len is its H×W.
+        self.kind, self.input = input_kind(fam_lines), agreeing_shape(campaign, fam_lines)
         self.seq, self.seq_note = campaign_seq_len(campaign, fam_lines)
         self.micro_batch = campaign.micro_batch or campaign.effective_batch
         self.one_process_loop = one_process_loop(self.facts)
@@ -319,7 +322,8 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     ctx = catalog.context_bytes + workspaces
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
     max_mb, mb_extrap = max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len, budget)
-    positions, positions_basis = fam.evidence.position_limit
+    # A position table bounds a sequence, not an image's pixels (a ViT's 197 rows count patches).
+    positions, positions_basis = fam.evidence.position_limit if fams.kind != "image" else (None, "")
     seq_limit = min(SEQ_LIMIT, positions or SEQ_LIMIT)
     max_seq, seq_extrap = max_seq_len(fam.memory, 1, budget, seq_limit)
     # nothing fits with the headroom: the largest that fits the usable memory itself is planned, called tight, and
@@ -357,7 +361,8 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
                               "the search limit" if max_seq >= SEQ_LIMIT else "memory"),
         "precision": precision, "micro_batch": mb, "grad_accum": accum, "replicas": replicas,
         "examples_per_update": mb * accum * replicas, "eval_micro_batch": campaign.eval.micro_batch or mb,
-        "seq_len": seq, "strategy": plan["kind"], "strategy_label": plan["label"], "strategy_why": plan["why"], "verdict": plan["verdict"],
+        "seq_len": seq, "input_kind": fams.kind,  # input_kind: planner/shapes.py ('' where the lines do not say)
+        "strategy": plan["kind"], "strategy_label": plan["label"], "strategy_why": plan["why"], "verdict": plan["verdict"],
         "idle_gpus": offer.gpus_per_instance * offer.nodes - replicas,
         "needs_ddp_loop": bool(plan.get("needs_ddp_loop")),
         "evidence": fam.evidence.describe(), "run_ids": ", ".join(fam.evidence.run_ids),
