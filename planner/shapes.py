@@ -77,3 +77,21 @@ def parse_shape(text) -> InputShape | None:
         return None
     return InputShape(m.group(1), tuple(int(d) for d in m.group(2).split("×")))
 
+
+def dimension_words(kind: str) -> dict:
+    """How a sheet names the per-example dimension of a campaign whose inputs are `kind`: an image has positions
+    (H×W), no sequence; a feature vector has neither, so its max-dimension column is left out."""
+    if kind == "image":
+        return {"unit": "positions", "header": "max positions", "column": "max_positions", "shown": True}
+    if kind == "features":
+        return {"unit": "positions", "header": "", "column": "", "shown": False}
+    return {"unit": "seq_len", "header": "max seq", "column": "max_seq", "shown": True}
+
+
+def size_text(kind: str, n: int, read: InputShape | None = None, per_example: bool = False) -> str:
+    """A campaign's per-example size in its kind's words: 'seq_len 512'; an image's '1,024 positions (32×32)'
+    (the sides where a run read that size)."""
+    if kind not in FIXED:
+        return f"seq_len {n}"
+    text = read.positions_text if read is not None and read.positions == n else f"{n:,} positions"
+    return text + (" per example" if per_example else "")

@@ -241,6 +241,7 @@ def test_a_batch_is_read_by_role():
     assert parse_shape("") is None and parse_shape(None) is None and parse_shape("mb8×3") is None
     assert image.positions_text == "1,024 positions (32×32)" and volume.positions_text == "16,384 positions (16×32×32)"
 
+
 UNET_LINES_SPEC = dict(name="unet-b", workload="script:unet-denoiser-b", params={}, precision="fp32",
                        effective_batch=16, micro_batch=8, updates=2000, setup_hours=0.5,
                        variants=[{"id": "control", "lr": 1e-3, "priority": 1}])
@@ -278,6 +279,32 @@ def test_an_image_spec_whose_seq_len_is_the_image_side_is_refused_with_what_to_w
     assert "image 8×3×32×32" in r.output and "1,024 positions (32×32)" in r.output  # ... the probe's ...
     assert "write `seq_len: 1024`" in r.output and "eval" in r.output  # ... and what to write
     assert not (tmp_path / "out").exists()
+
+
+def test_an_image_campaign_is_planned_at_the_measured_need_and_says_positions_not_seq(tmp_path, monkeypatch):
+    """Written in positions per example (H×W), the plan at micro-batch 8 is the measured need, and the sheet names
+    the image dimension as positions: never "max seq" for a model that has no sequence."""
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    image_ledger(tmp_path / "l.db")
+    (tmp_path / "c.yaml").write_text(campaign_yaml(**UNET_LINES_SPEC, seq_len=1024,
+                                                   eval={"every_updates": 500, "examples": 64, "seq_len": 1024}))
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "out"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    sheet = pd.read_csv(tmp_path / "out" / "selection.csv")
+    assert set(sheet["micro_batch"]) == {8} and set(sheet["seq_len"]) == {1024}
+    measured = 48 * MiB * 1.15  # these lines' basis: allocated × the flat fragmentation factor
+    assert (sheet["need_bytes"] - measured).abs().max() < MiB  # measured at this configuration, not 10× it
+    assert set(sheet["input_kind"]) == {"image"}
+    md, html = ((tmp_path / "out" / f"order_sheet.{ext}").read_text() for ext in ("md", "html"))
+    for text in (r.output, md, html):
+        assert "max seq" not in text and "max_seq" not in text
+    assert "max_positions" in r.output and "| max positions |" in md and "<th>max positions</th>" in html
+    assert "1,024 positions (32×32) per example" in md and "seq_len 1024" not in md
 
 
 def test_a_ledger_written_before_input_shapes_still_plans_and_gains_the_column(tmp_path):

@@ -25,6 +25,7 @@ from planner.models.overheads import (CONV_ALLOWANCE, DDP_BROADCAST_BYTES, ESTIM
                                       conv_note, estimate_note, has_convolutions, workspace_bytes)
 from planner.models.overheads import describe as describe_workspace
 from planner.models.timing import Throughput, TimeRange, match_catalog_gpu, throughput, update_time
+from planner.shapes import size_text
 from planner.units import fmt_bytes, fmt_seconds
 
 FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
@@ -237,6 +238,7 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
     df = priced_sheet(offers or catalog.offers, catalog, lambda o: sized_row(
         campaign, catalog, catalog.gpu(o.gpu), o, fams, fams.seq, headroom, seen.get(o.gpu)))
     df.attrs["seq_len_note"] = fams.seq_note
+    df.attrs["shape_text"] = f"{size_text(fams.kind, fams.seq, fams.input, per_example=True)} ({fams.seq_note})"
     order = {FITS: 0, TIGHT: 1, NO_FIT: 2}
     df["_o"] = df["verdict"].map(order)
     df["_m"] = df["unmodelled"].fillna("") != ""  # what is not modelled (or not sized: ROCm) comes after
@@ -370,7 +372,8 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "unmodelled": "; ".join(x for x in (plan.get("unmodelled", ""), not_sized(gpu)) if x),
         "notes": "; ".join(notes),
     }
-    row.update(time_fields(campaign, catalog, gpu, offer, fam, precision, mb, seq, accum, replicas, plan["kind"]))
+    row.update(time_fields(campaign, catalog, gpu, offer, fam, precision, mb, seq, accum, replicas, plan["kind"],
+                           fams.kind))
     if observed and replicas == 1:
         row.update(observed_fields(campaign, observed, row))
     return row
@@ -639,7 +642,8 @@ TIME_COLUMNS = ("update_s_low", "update_s_point", "update_s_high", "eval_pass_s_
 
 
 def time_fields(campaign, catalog, gpu, offer, fam: FamilyModels, precision, mb, seq, accum, replicas,
-                strategy: str = "single") -> dict:
+                strategy: str = "single", kind: str = "") -> dict:
+    """kind: what the model takes (planner/shapes.py), for the words of the evaluation's basis."""
     from planner.models.timing import match_catalog_gpu
     from planner.models.writes import write_time
 
@@ -652,8 +656,9 @@ def time_fields(campaign, catalog, gpu, offer, fam: FamilyModels, precision, mb,
         return {**empty, "time_basis": t.basis}
     ev = campaign.eval
     eval_ratio = (ev.examples * ev.seq_len) / (3 * campaign.effective_batch * seq)  # forward only: 1/3 of training
-    eval_basis = (f"{ev.passes(campaign.updates)} evaluation pass(es) of {ev.examples} examples at seq_len {ev.seq_len}, "
-                  f"each timed as a forward pass: a third of a training update's time per token")
+    eval_basis = (f"{ev.passes(campaign.updates)} evaluation pass(es) of {ev.examples} examples at "
+                  f"{size_text(kind, ev.seq_len)}, each timed as a forward pass: a third of a training update's time "
+                  f"per {'position' if kind == 'image' else 'token'}")
     bandwidth, source = ((offer.disk_write_mib_s, "the offer's disk_write_mib_s") if offer.disk_write_mib_s else
                          (catalog.disk_write_mib_s, "catalog default, assumed"))
     same_kind = lambda name: getattr(match_catalog_gpu(str(name), catalog), "id", None) == gpu.id  # noqa: E731
@@ -677,7 +682,8 @@ def require_feasible(sheet: pd.DataFrame, catalog: Catalog) -> None:
         .sort_values("gap").iloc[0]
     raise NoFeasibleGpu(
         f"no GPU in the catalog fits this campaign: the need is {fmt_bytes(smallest['need_bytes'])} "
-        f"(phase {smallest['need_phase']}, micro-batch {smallest['micro_batch']}, seq_len {smallest['seq_len']}; "
+        f"(phase {smallest['need_phase']}, micro-batch {smallest['micro_batch']}, "
+        f"{size_text(smallest.get('input_kind', ''), int(smallest['seq_len']))}; "
         f"{smallest['need_basis']}) plus {fmt_bytes(smallest['context_bytes'])} CUDA context and the headroom. "
         f"Closest: {closest['gpu']} with {fmt_bytes(closest['usable_bytes'])} usable. "
         "Next: enable checkpointing, shorten eval seq_len, lower --headroom, or add larger GPUs to the catalog.")

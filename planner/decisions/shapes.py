@@ -32,6 +32,12 @@ def input_kind(lines: pd.DataFrame) -> str:
     return shapes[0].kind if shapes else ""
 
 
+def input_kind_of(sheet: pd.DataFrame) -> str:
+    """What a sheet's campaign model takes (one kind per sheet: one campaign); '' where its lines do not say."""
+    kinds = sheet["input_kind"].dropna() if "input_kind" in sheet else pd.Series([], dtype=object)
+    return str(kinds.iloc[0]) if len(kinds) else ""
+
+
 def agreeing_shape(campaign: Campaign, lines: pd.DataFrame) -> InputShape | None:
     """The read shape the campaign's training is planned at (None where nothing was read, or the kind has a
     sequence to extrapolate along); CampaignError naming both sides where a fixed kind's positions disagree."""

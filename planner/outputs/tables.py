@@ -79,9 +79,14 @@ def lines_view(df: pd.DataFrame, fmt: str, workload: bool = False) -> pd.DataFra
 def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.DataFrame:
     if fmt in ("csv", "json"):
         return sheet
+    from planner.decisions.shapes import input_kind_of
     from planner.outputs.render import sheet_rows
+    from planner.shapes import dimension_words
 
     rows = pd.DataFrame(sheet_rows(sheet.head(limit) if limit else sheet))
+    dims = dimension_words(input_kind_of(sheet))  # "max seq" only where the model has a sequence
+    rows = (rows.rename(columns={"max_seq": dims["column"]}) if dims["shown"]
+            else rows.drop(columns=["max_seq"], errors="ignore"))
     return rows.drop(columns=["as_of", "notes", "gpu", "provider", "strategy_why"], errors="ignore")
 
 
