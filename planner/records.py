@@ -164,6 +164,10 @@ class Line:
     # setup: the longest sequence the model takes and where that was read (probes/positions.py); None = not stated
     position_limit: int | None = None
     position_limit_basis: str = ""
+    # The model call's batch as read by role (planner/shapes.py): "tokens 8×512", "image 8×3×32×32"; eval lines hold
+    # eval's. Written by the user's own loop (--script, callbacks); empty where nothing was read (older ledgers,
+    # rentplan's own probes, which are told their shape).
+    input_shape: str = ""
 
     @classmethod
     def from_config(cls, cfg: ProbeConfig, **kw) -> "Line":

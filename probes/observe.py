@@ -19,8 +19,10 @@ Which phase is which:
   seconds: the sum), so neither phase is lost nor holds the other's time.
 
 A run's configuration (micro-batch, sequence length, accumulation, precision, ...) is fixed when its first
-update ends: micro-batch and sequence length are those the model was called with. An eval line that ran a
-longer sequence than configured carries the shape it ran, and says so.
+update ends: micro-batch and sequence length are those the model was called with, read by role
+(planner/shapes.py: an image's sequence length is its positions, H×W), and every line keeps what was read
+(`input_shape`, eval's own on the eval line). An eval line that ran a longer sequence than configured carries
+the shape it ran, and says so.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch
 
 from planner.ledger import Ledger, new_id
 from planner.records import Line, ProbeConfig, Verdict
+from planner.shapes import InputShape, read_shape
 from probes.census import OpCensus, census_fields, precision_flags
 from probes.checkpoint import dir_size
 from probes.memory import LiveTensorTracker, PhaseMeter, reading_notes
@@ -63,13 +66,13 @@ def state_bytes(optimizer) -> int:
                if isinstance(t, torch.Tensor))
 
 
-def batch_shape(args, kwargs) -> tuple[int, int] | None:
-    """(batch, sequence) of a model call: its token ids (the first integer tensor of two or more dims), else
-    its first tensor of two or more dims."""
+def batch_shape(args, kwargs) -> InputShape | None:
+    """The batch of a model call, read by role (planner/shapes.py): its token ids (the first integer tensor of two
+    or more dims), else its first float tensor of two or more dims (an image's channels are no sequence)."""
     tensors = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor) and t.dim() >= 2]
-    ids = [t for t in tensors if not t.is_floating_point()]
+    ids = [t for t in tensors if not t.is_floating_point() and not t.is_complex()]
     t = (ids or tensors or [None])[0]
-    return None if t is None else (int(t.shape[0]), int(t.shape[1]))
+    return None if t is None else read_shape(t.shape, t.is_floating_point() or t.is_complex())
 
 
 NESTING = ("eval", "save", "export")  # phases a loop may open inside one another (an update never nests)
@@ -127,8 +130,8 @@ class PhaseRecorder:
         self._setup: dict = {}
         self._steady: list[dict] = []  # one reading per steady update
         self._loss_first: float | None = None
-        self.train_shape: tuple[int, int] | None = None
-        self.eval_shape: tuple[int, int] | None = None
+        self.train_shape: InputShape | None = None  # the largest batch the model was called on, by role
+        self.eval_shape: InputShape | None = None
         self._started = self._now()
 
     # --- the loop's events ---------------------------------------------------------------------------------
@@ -173,13 +176,14 @@ class PhaseRecorder:
         self.phase = "setup"
         self.mark()
 
-    def saw_call(self, training: bool, shape: tuple[int, int] | None) -> None:
-        """The model was called on a batch of `shape` (train or eval)."""
+    def saw_call(self, training: bool, shape: InputShape | None) -> None:
+        """The model was called on a batch of `shape` (train or eval): the most positions, then the largest batch,
+        is the shape a phase is sized at."""
         if shape is None:
             return
         attr = "train_shape" if training else "eval_shape"
         old = getattr(self, attr)
-        if old is None or shape[1] > old[1] or (shape[1] == old[1] and shape[0] > old[0]):
+        if old is None or (shape.positions, shape.batch) > (old.positions, old.batch):
             setattr(self, attr, shape)
 
     def update_begin(self) -> None:
@@ -347,7 +351,8 @@ class PhaseRecorder:
         if self.cfg is not None:
             return
         cfg = {k: v for k, v in self.config.items() if not k.startswith("_")}
-        mb, seq = self.train_shape or (cfg.get("micro_batch", 1), cfg.get("seq_len", 1))
+        shape = self.train_shape
+        mb, seq = (shape.batch, shape.positions) if shape else (cfg.get("micro_batch", 1), cfg.get("seq_len", 1))
         cfg["micro_batch"], cfg["seq_len"] = mb, seq
         cfg.setdefault("eval_micro_batch", mb)
         cfg["eval_seq_len"] = self.eval_seq_len or cfg.get("eval_seq_len") or seq
@@ -359,10 +364,12 @@ class PhaseRecorder:
         """An eval that ran a longer sequence (or larger batch) than configured is sized at what it ran."""
         if self.eval_shape is None:
             return {}
-        mb, seq = self.eval_shape
+        mb, seq = self.eval_shape.batch, self.eval_shape.positions
         if seq > self.cfg.eval_seq_len or (seq == self.cfg.eval_seq_len and mb > self.cfg.eval_micro_batch):
+            ran = (f"{self.eval_shape.text} ({self.eval_shape.positions_text})" if self.eval_shape.kind == "image"
+                   else f"micro-batch {mb} × seq {seq}")
             return {"_eval_shape": (mb, seq), "detail": (
-                f"eval ran micro-batch {mb} × seq {seq}; the run's configured eval shape was "
+                f"eval ran {ran}; the run's configured eval shape was "
                 f"{self.cfg.eval_micro_batch} × {self.cfg.eval_seq_len}")}
         return {}
 
@@ -392,10 +399,11 @@ class PhaseRecorder:
         started = fields.pop("started_at", None) or self._started
         fields["detail"] = "; ".join(filter(None, [fields.get("detail"),
                                                    reading_notes(self.meter.device, phase, cfg.optimizer)]))
+        read = (self.eval_shape or self.train_shape) if phase == "eval" else self.train_shape
         line = Line.from_config(cfg, run_id=self.run_id, probe_id=self.probe_id, phase=phase,
                                 verdict=Verdict(verdict).value, started_at=started, source=self.source,
-                                rank=int(os.environ.get("RANK", 0)), libraries=model_libraries(), **self.env,
-                                **fields)
+                                input_shape=read.text if read else "", libraries=model_libraries(),
+                                rank=int(os.environ.get("RANK", 0)), **self.env, **fields)
         with Ledger(self.ledger_path) as led:
             led.append(line)
         self.written.add(phase)

@@ -335,3 +335,114 @@ def test_a_gpu_measured_on_its_own_kind_comes_first_and_its_basis_shares_those_l
             assert t4["evidence"].startswith("estimated for the target's kernels (sm50-75)")
         else:
             assert t4["kernel_basis"] == "sm80+" and "no sm50-75 lines" in t4["kernel_basis_note"]
+
+
+def test_a_batch_is_read_by_role():
+    """#44: a script's batch is read by what its tensor is, not by its dim 1 (an NCHW image's 3 channels were
+    recorded as seq_len)."""
+    from planner.shapes import parse_shape, read_shape
+
+    ids = read_shape((8, 512), floating=False)
+    assert (ids.kind, ids.batch, ids.positions, ids.text) == ("tokens", 8, 512, "tokens 8×512")
+    image = read_shape((8, 3, 32, 32), floating=True)  # channels are not a sequence: positions are H×W
+    assert (image.kind, image.batch, image.positions, image.text) == ("image", 8, 1024, "image 8×3×32×32")
+    volume = read_shape((2, 1, 16, 32, 32), floating=True)  # N×C×D×H×W: D×H×W
+    assert (volume.kind, volume.batch, volume.positions) == ("image", 2, 16 * 32 * 32)
+    frames = read_shape((8, 100, 80), floating=True)  # embeddings or audio frames: N×L×D, the sequence is L
+    assert (frames.kind, frames.batch, frames.positions, frames.text) == ("sequence", 8, 100, "sequence 8×100×80")
+    vectors = read_shape((8, 64), floating=True)  # one feature vector per example: no sequence
+    assert (vectors.kind, vectors.batch, vectors.positions) == ("features", 8, 1)
+    assert read_shape((8,), floating=True) is None
+    for shape in (ids, image, volume, frames, vectors):
+        assert parse_shape(shape.text) == shape  # the ledger's text reads back as what was read
+    assert parse_shape("") is None and parse_shape(None) is None and parse_shape("mb8×3") is None
+    assert image.positions_text == "1,024 positions (32×32)" and volume.positions_text == "16,384 positions (16×32×32)"
+
+
+UNET_LINES_SPEC = dict(name="unet-b", workload="script:unet-denoiser-b", params={}, precision="fp32",
+                       effective_batch=16, micro_batch=8, updates=2000, setup_hours=0.5,
+                       variants=[{"id": "control", "lr": 1e-3, "priority": 1}])
+
+
+def image_ledger(path, input_shape: str | None = "image 8×3×32×32", peak: int = 48 * MiB) -> str:
+    """What `probe --script` of a UNet denoiser on 8×3×32×32 images writes: the phases of the user's own loop, at
+    micro-batch 8 and H×W = 1,024 positions, with the batch it read on every line."""
+    from dataclasses import replace
+
+    from planner.records import OBSERVED_PHASES
+    from tests.factories import config, pilot_lines, write_ledger
+
+    cfg = config(workload="script:unet-denoiser-b", params_json="{}", precision="fp32", micro_batch=8,
+                 seq_len=1024, eval_micro_batch=8, eval_seq_len=1024, grad_accum=2)
+    lines = [replace(ln, source="script", input_shape=input_shape or "") for ln in pilot_lines(cfg, peak)
+             if ln.phase in OBSERVED_PHASES]
+    return write_ledger(path, lines)
+
+
+def test_an_image_spec_whose_seq_len_is_the_image_side_is_refused_with_what_to_write(tmp_path, monkeypatch):
+    """User (#44): `seq_len: 32` (the image side, as a user writes it) for 32×32 images planned 10× the measured
+    memory at micro-batch 8. The spec and the probe must agree, or the plan says so and what to write."""
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    image_ledger(tmp_path / "l.db")
+    (tmp_path / "c.yaml").write_text(campaign_yaml(**UNET_LINES_SPEC, seq_len=32,
+                                                   eval={"every_updates": 500, "examples": 64, "seq_len": 32}))
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "out"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert "Error: " in r.output and "seq_len 32" in r.output  # the spec's figure ...
+    assert "image 8×3×32×32" in r.output and "1,024 positions (32×32)" in r.output  # ... the probe's ...
+    assert "write `seq_len: 1024`" in r.output and "eval" in r.output  # ... and what to write
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_image_campaign_is_planned_at_the_measured_need_and_says_positions_not_seq(tmp_path, monkeypatch):
+    """Written in positions per example (H×W), the plan at micro-batch 8 is the measured need, and the sheet names
+    the image dimension as positions: never "max seq" for a model that has no sequence."""
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    image_ledger(tmp_path / "l.db")
+    (tmp_path / "c.yaml").write_text(campaign_yaml(**UNET_LINES_SPEC, seq_len=1024,
+                                                   eval={"every_updates": 500, "examples": 64, "seq_len": 1024}))
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--out", "out"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    sheet = pd.read_csv(tmp_path / "out" / "selection.csv")
+    assert set(sheet["micro_batch"]) == {8} and set(sheet["seq_len"]) == {1024}
+    measured = 48 * MiB * 1.15  # these lines' basis: allocated × the flat fragmentation factor
+    assert (sheet["need_bytes"] - measured).abs().max() < MiB  # measured at this configuration, not 10× it
+    assert set(sheet["input_kind"]) == {"image"}
+    md, html = ((tmp_path / "out" / f"order_sheet.{ext}").read_text() for ext in ("md", "html"))
+    for text in (r.output, md, html):
+        assert "max seq" not in text and "max_seq" not in text
+    assert "max_positions" in r.output and "| max positions |" in md and "<th>max positions</th>" in html
+    assert "1,024 positions (32×32) per example" in md and "seq_len 1024" not in md
+
+
+def test_a_ledger_written_before_input_shapes_still_plans_and_gains_the_column(tmp_path):
+    """Lines without the input_shape column (older ledgers) plan as before; a writing command adds the column and
+    keeps the old lines as they were (empty: not read)."""
+    import sqlite3
+
+    from planner.ledger import Ledger
+
+    path = image_ledger(tmp_path / "l.db", input_shape=None)
+    con = sqlite3.connect(path)
+    con.execute("ALTER TABLE lines DROP COLUMN input_shape")
+    con.commit()
+    con.close()
+    old = read_lines(path)
+    assert "input_shape" not in old
+    camp = load_campaign_text(campaign_yaml(**UNET_LINES_SPEC, seq_len=1024,
+                                            eval={"every_updates": 500, "examples": 64, "seq_len": 1024}), "t")
+    sheet = make_plan(camp, old, load_catalog(), 0.10).sheet
+    assert set(sheet["micro_batch"]) == {8} and set(sheet["input_kind"].fillna("")) == {""}
+    with Ledger(path):
+        pass
+    again = read_lines(path)
+    assert "input_shape" in again and set(again["input_shape"].fillna("")) == {""}

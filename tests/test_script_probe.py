@@ -166,7 +166,7 @@ workload: script:unet-denoiser-b
 precision: fp32
 effective_batch: 16
 updates: 2000
-eval: {every_updates: 500, examples: 64, seq_len: 3}
+eval: {every_updates: 500, examples: 64, seq_len: 4096}   # positions per example: the 64×64 images' H×W
 setup_hours: 0.5
 variants:
   - {id: control, lr: 1.0e-3}
@@ -268,3 +268,113 @@ def test_plan_names_the_real_reason_a_script_run_is_incomplete(tmp_path, monkeyp
     assert "Error: no complete run to plan from" in r.output
     assert f"run {run_id} (script) has no eval line" in r.output and "model.eval()" in r.output
     assert "oom" not in r.output
+
+
+def test_a_model_call_is_read_by_role():
+    """The hook's reading of a model call: token ids before anything else; an NCHW image's channels are no sequence."""
+    import torch
+
+    from probes.observe import batch_shape
+
+    image, t = torch.rand(8, 3, 32, 32), torch.rand(8)  # a denoiser's call: images and a 1-D timestep
+    assert batch_shape((image, t), {}).text == "image 8×3×32×32"
+    assert batch_shape((), {"pixel_values": image, "labels": torch.randint(0, 9, (8,))}).positions == 1024
+    ids = torch.randint(0, 100, (4, 32))
+    assert batch_shape((), {"input_ids": ids, "attention_mask": torch.ones(4, 32)}).text == "tokens 4×32"
+    assert batch_shape((torch.rand(4, 50, 80),), {}).text == "sequence 4×50×80"
+    assert batch_shape((torch.rand(8),), {}) is None
+
+
+UNET_B = '''"""A UNet-style denoiser on 32×32 RGB images: micro-batch 8, accumulation 2; evaluate, then save."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+
+
+class UNet(nn.Module):
+    def __init__(self, c=32):
+        super().__init__()
+        self.down1 = nn.Conv2d(3, c, 3, padding=1)
+        self.down2 = nn.Conv2d(c, 2 * c, 3, stride=2, padding=1)
+        self.mid = nn.Conv2d(2 * c, 2 * c, 3, padding=1)
+        self.up = nn.ConvTranspose2d(2 * c, c, 2, stride=2)
+        self.out = nn.Conv2d(2 * c, 3, 3, padding=1)
+
+    def forward(self, x):
+        d1 = F.relu(self.down1(x))
+        m = F.relu(self.mid(F.relu(self.down2(d1))))
+        return self.out(torch.cat([d1, F.relu(self.up(m))], 1))
+
+
+model = UNet()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+images, val = torch.rand(128, 3, 32, 32), torch.rand(16, 3, 32, 32)
+for step in range(8):
+    model.train()
+    for micro in range(2):
+        x = images[(step * 2 + micro) * 8 % 128:][:8]
+        loss = F.mse_loss(model(x + 0.1 * torch.randn_like(x)), x) / 2
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if step % 4 == 3:
+        model.eval()
+        with torch.no_grad():
+            F.mse_loss(model(val[:8] + 0.1 * torch.randn_like(val[:8])), val[:8])
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, "ckpt.pt")
+'''
+
+UNET_B_SPEC = """name: unet-b
+workload: script:unet-denoiser-b
+precision: fp32
+seq_len: {side}
+effective_batch: 16
+micro_batch: 8
+updates: 2000
+eval: {{every_updates: 500, examples: 64, seq_len: {side}}}
+setup_hours: 0.5
+variants:
+  - {{id: control, lr: 1.0e-3}}
+"""
+
+
+@pytest.mark.slow
+def test_an_image_scripts_channels_are_not_its_sequence(tmp_path, monkeypatch):
+    """User (#44): `probe --script train_unet_b.py -w script:unet-denoiser-b` of a denoiser on 8×3×32×32 images
+    recorded the 3 channels as seq_len (`mb8×3`); with `seq_len: 32` in the spec the plan showed ~10× the measured
+    memory at micro-batch 8, and "max seq" for an image model."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train_unet_b.py").write_text(UNET_B)
+    r = CliRunner().invoke(cli, ["probe", "--script", "train_unet_b.py", "-w", "script:unet-denoiser-b",
+                                 "--ledger", "l.db", "--steady-updates", "3"])
+    assert r.exit_code == 0, r.output
+    assert "image 8×3×32×32" in r.output and "mb8×3 " not in r.output
+    lines = read_lines(tmp_path / "l.db")
+    by = lines.set_index("phase")
+    assert set(lines["input_shape"]) == {"image 8×3×32×32"}  # what was read, on every line
+    first = by.loc["first_step"]
+    assert (first["micro_batch"], first["seq_len"], first["grad_accum"]) == (8, 32 * 32, 2)  # H×W, not channels
+    assert (by.loc["eval", "eval_micro_batch"], by.loc["eval", "eval_seq_len"]) == (8, 1024)
+    # The image side, as a user writes it: refused, naming both and what to write.
+    (tmp_path / "side.yaml").write_text(UNET_B_SPEC.format(side=32))
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "side.yaml", "--ledger", "l.db"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "seq_len 32" in r.output and "image 8×3×32×32" in r.output and "write `seq_len: 1024`" in r.output
+    # Positions per example, as the README says: the plan at micro-batch 8 is what the probe measured.
+    (tmp_path / "unet.yaml").write_text(UNET_B_SPEC.format(side=1024))
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "unet.yaml", "--ledger", "l.db", "--out", "out"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    import pandas as pd
+
+    sheet = pd.read_csv(tmp_path / "out" / "selection.csv")
+    assert set(sheet["micro_batch"]) == {8}
+    measured = lines["simulated_reserved_bytes"].max()  # the largest phase's reserved peak, CUDA's allocator model
+    assert (sheet["need_bytes"] == measured).all(), (sheet["need_bytes"].iloc[0], measured)
+    assert "measured at this configuration" in sheet["need_basis"].iloc[0]
+    md = (tmp_path / "out" / "order_sheet.md").read_text()
+    for text in (r.output, md, (tmp_path / "out" / "order_sheet.html").read_text()):
+        assert "max seq" not in text and "max_seq" not in text
+    assert "1,024 positions (32×32) per example" in md

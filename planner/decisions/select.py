@@ -17,6 +17,7 @@ from planner.inputs.catalog import Catalog, Gpu, Offer
 from planner.errors import LedgerError, NoFeasibleGpu
 from planner.decisions.evidence import Evidence, choose, kernel_bases, run_facts, why_incomplete
 from planner.decisions.selfcheck import estimate_check
+from planner.decisions.shapes import agreeing_shape, input_kind
 from planner.models.kernels import kernel_target
 from planner.models.memory_model import (SEQ_LIMIT, MemoryModel, Need, allocated_factor, build_model, max_micro_batch,
                                          max_seq_len)
@@ -24,6 +25,7 @@ from planner.models.overheads import (CONV_ALLOWANCE, DDP_BROADCAST_BYTES, ESTIM
                                       conv_note, estimate_note, has_convolutions, workspace_bytes)
 from planner.models.overheads import describe as describe_workspace
 from planner.models.timing import Throughput, TimeRange, match_catalog_gpu, throughput, update_time
+from planner.shapes import size_text
 from planner.units import fmt_bytes, fmt_seconds
 
 FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
@@ -124,6 +126,8 @@ class CampaignFamily:
         self.lines, self.campaign, self.fragmentation = fam_lines, campaign, fragmentation
         self.facts = kernel_bases(run_facts(fam_lines), catalog)  # the catalog names the GPUs runs were measured on
         self.kinds = set(self.facts["gpu_kind"]) - {""}
+        # What the model takes, as the user's loop was read (planner/shapes.py): an image's seq_len is its H×W.
+        self.kind, self.input = input_kind(fam_lines), agreeing_shape(campaign, fam_lines)
         self.seq, self.seq_note = campaign_seq_len(campaign, fam_lines)
         self.micro_batch = campaign.micro_batch or campaign.effective_batch
         self.one_process_loop = one_process_loop(self.facts)
@@ -240,6 +244,7 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
     df = priced_sheet(offers or catalog.offers, catalog, lambda o: sized_row(
         campaign, catalog, catalog.gpu(o.gpu), o, fams, fams.seq, headroom, seen.get(o.gpu)))
     df.attrs["seq_len_note"] = fams.seq_note
+    df.attrs["shape_text"] = f"{size_text(fams.kind, fams.seq, fams.input, per_example=True)} ({fams.seq_note})"
     order = {FITS: 0, TIGHT: 1, NO_FIT: 2}
     df["_o"] = df["verdict"].map(order)
     df["_m"] = df["unmodelled"].fillna("") != ""  # what is not modelled (or not sized: ROCm) comes after
@@ -325,7 +330,8 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     ctx = catalog.context_bytes + workspaces
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
     max_mb, mb_extrap = max_micro_batch(fam.memory, seq, campaign.eval.micro_batch, campaign.eval.seq_len, budget)
-    positions, positions_basis = fam.evidence.position_limit
+    # A position table bounds a sequence, not an image's pixels (a ViT's 197 rows count patches).
+    positions, positions_basis = fam.evidence.position_limit if fams.kind != "image" else (None, "")
     seq_limit = min(SEQ_LIMIT, positions or SEQ_LIMIT)
     max_seq, seq_extrap = max_seq_len(fam.memory, 1, budget, seq_limit)
     # nothing fits with the headroom: the largest that fits the usable memory itself is planned, called tight, and
@@ -363,7 +369,8 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
                               "the search limit" if max_seq >= SEQ_LIMIT else "memory"),
         "precision": precision, "micro_batch": mb, "grad_accum": accum, "replicas": replicas,
         "examples_per_update": mb * accum * replicas, "eval_micro_batch": campaign.eval.micro_batch or mb,
-        "seq_len": seq, "strategy": plan["kind"], "strategy_label": plan["label"], "strategy_why": plan["why"], "verdict": plan["verdict"],
+        "seq_len": seq, "input_kind": fams.kind,  # input_kind: planner/shapes.py ('' where the lines do not say)
+        "strategy": plan["kind"], "strategy_label": plan["label"], "strategy_why": plan["why"], "verdict": plan["verdict"],
         "idle_gpus": offer.gpus_per_instance * offer.nodes - replicas,
         "needs_ddp_loop": bool(plan.get("needs_ddp_loop")),
         "evidence": fam.evidence.describe(), "run_ids": ", ".join(fam.evidence.run_ids),
@@ -372,7 +379,8 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "unmodelled": "; ".join(x for x in (plan.get("unmodelled", ""), not_sized(gpu)) if x),
         "notes": "; ".join(notes),
     }
-    row.update(time_fields(campaign, catalog, gpu, offer, fam, precision, mb, seq, accum, replicas, plan["kind"]))
+    row.update(time_fields(campaign, catalog, gpu, offer, fam, precision, mb, seq, accum, replicas, plan["kind"],
+                           fams.kind))
     if observed and replicas == 1:
         row.update(observed_fields(campaign, observed, row))
     return row
@@ -641,7 +649,8 @@ TIME_COLUMNS = ("update_s_low", "update_s_point", "update_s_high", "eval_pass_s_
 
 
 def time_fields(campaign, catalog, gpu, offer, fam: FamilyModels, precision, mb, seq, accum, replicas,
-                strategy: str = "single") -> dict:
+                strategy: str = "single", kind: str = "") -> dict:
+    """kind: what the model takes (planner/shapes.py), for the words of the evaluation's basis."""
     from planner.models.timing import match_catalog_gpu
     from planner.models.writes import write_time
 
@@ -654,8 +663,9 @@ def time_fields(campaign, catalog, gpu, offer, fam: FamilyModels, precision, mb,
         return {**empty, "time_basis": t.basis}
     ev = campaign.eval
     eval_ratio = (ev.examples * ev.seq_len) / (3 * campaign.effective_batch * seq)  # forward only: 1/3 of training
-    eval_basis = (f"{ev.passes(campaign.updates)} evaluation pass(es) of {ev.examples} examples at seq_len {ev.seq_len}, "
-                  f"each timed as a forward pass: a third of a training update's time per token")
+    eval_basis = (f"{ev.passes(campaign.updates)} evaluation pass(es) of {ev.examples} examples at "
+                  f"{size_text(kind, ev.seq_len)}, each timed as a forward pass: a third of a training update's time "
+                  f"per {'position' if kind == 'image' else 'token'}")
     bandwidth, source = ((offer.disk_write_mib_s, "the offer's disk_write_mib_s") if offer.disk_write_mib_s else
                          (catalog.disk_write_mib_s, "catalog default, assumed"))
     same_kind = lambda name: getattr(match_catalog_gpu(str(name), catalog), "id", None) == gpu.id  # noqa: E731
@@ -679,7 +689,8 @@ def require_feasible(sheet: pd.DataFrame, catalog: Catalog) -> None:
         .sort_values("gap").iloc[0]
     raise NoFeasibleGpu(
         f"no GPU in the catalog fits this campaign: the need is {fmt_bytes(smallest['need_bytes'])} "
-        f"(phase {smallest['need_phase']}, micro-batch {smallest['micro_batch']}, seq_len {smallest['seq_len']}; "
+        f"(phase {smallest['need_phase']}, micro-batch {smallest['micro_batch']}, "
+        f"{size_text(smallest.get('input_kind', ''), int(smallest['seq_len']))}; "
         f"{smallest['need_basis']}) plus {fmt_bytes(smallest['context_bytes'])} CUDA context and the headroom. "
         f"Closest: {closest['gpu']} with {fmt_bytes(closest['usable_bytes'])} usable. "
         "Next: enable checkpointing, shorten eval seq_len, lower --headroom, or add larger GPUs to the catalog.")

@@ -12,8 +12,10 @@ import io
 
 import pandas as pd
 
+from planner.decisions.shapes import input_kind_of
 from planner.models.memory_model import MB_LIMIT
 from planner.records import PHASES
+from planner.shapes import size_text
 from planner.units import GiB, MiB, fmt_hours
 
 FONT = 10
@@ -71,6 +73,7 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
     plt = _plt()
     ok = lines[(lines["verdict"] == "ok") & (lines["rank"] == 0)] if "rank" in lines else lines[lines["verdict"] == "ok"]
     pick = "ordered" if "ordered" in sheet and sheet["ordered"].any() else "recommended"
+    kind = input_kind_of(sheet)  # an image's size is positions, not a sequence
     rec = sheet[sheet[pick]].iloc[0] if pick in sheet and sheet[pick].any() else sheet.iloc[0]
     used = [r for r in str(rec.get("run_ids") or "").split(", ") if r]
     if used and ok["run_id"].isin(used).any():  # the runs that sized the recommendation
@@ -122,7 +125,8 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
         tag = "planned shape, nearest probed" if run_id == planned else "probed"
         ck = ", checkpointing on" if bool(r["checkpointing"]) else ", checkpointing off"
         ranks = f", {r['strategy']} × {int(r['world_size'])} rank 0" if r["world_size"] > 1 else ""
-        ax.set_title(f"{tag}: mb {int(r['micro_batch'])} × seq {int(r['seq_len'])}\n{r['precision']}{ck}{ranks}",
+        ax.set_title(f"{tag}: mb {int(r['micro_batch'])} × {size_text(kind, int(r['seq_len']))}\n"
+                     f"{r['precision']}{ck}{ranks}",
                      fontsize=FONT)
         ax.set_xticks(list(x), PHASES, rotation=50, ha="right", fontsize=FONT - 1)
         ax.set_ylim(0, top / scale)
@@ -142,9 +146,9 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
     sim = " Reserved bars are simulated by the model of CUDA's caching allocator." if simulated and has_reserved else ""
     first = ok[ok["run_id"] == planned].iloc[0]
     caption = (f"Peak memory per phase, allocated and reserved side by side (never added); the first panel is the "
-               f"probed configuration nearest the planned shape (probed micro-batch {int(first['micro_batch'])} × seq "
-               f"{int(first['seq_len'])}; the order runs micro-batch {int(rec['micro_batch'])} × seq "
-               f"{int(rec['seq_len'])} on {rec['gpu']}), the others the largest probed. Per candidate GPU (the "
+               f"probed configuration nearest the planned shape (probed micro-batch {int(first['micro_batch'])} × "
+               f"{size_text(kind, int(first['seq_len']))}; the order runs micro-batch {int(rec['micro_batch'])} × "
+               f"{size_text(kind, int(rec['seq_len']))} on {rec['gpu']}), the others the largest probed. Per candidate GPU (the "
                f"ordered one in black): the dotted line is its usable memory, the solid line the most a phase may need "
                f"and fit by the rule (usable ÷ (1 + {headroom:.0%} headroom) − CUDA context and workspaces).{sim} "
                f"Basis: {_basis(ok)}.{why}")
@@ -231,7 +235,7 @@ def max_mb_figure(sheet: pd.DataFrame):
     ax.set_xlabel("largest micro-batch that fits (log scale)")
     fig.tight_layout()
     seq = int(sheet["seq_len"].iloc[0]) if len(sheet) else 0
-    caption = (f"Largest micro-batch per GPU at seq_len {seq}, from the fitted memory model with the headroom, "
+    caption = (f"Largest micro-batch per GPU at {size_text(input_kind_of(sheet), seq)}, from the fitted memory model with the headroom, "
                f"CUDA context and workspaces; hatched bars are extrapolated beyond the probed sizes; a bar at the "
                f"search limit means at least that many. "
                + ("Kernel basis in brackets: each GPU sized from the lines of the kernels it dispatches"

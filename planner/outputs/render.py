@@ -22,6 +22,8 @@ from planner.inputs.catalog import Catalog
 from planner.outputs.orders import provenance, stack_for
 from planner.decisions.plans import nothing_to_order, ordered, recommend, window_notes
 from planner.decisions.select import NO_FIT
+from planner.decisions.shapes import input_kind_of
+from planner.shapes import dimension_words, size_text
 from planner.storage import atomic_write, made_or_nothing
 from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
 
@@ -268,6 +270,8 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
     rec = ordered(sheet) if "ordered" in sheet else recommend(sheet)
     fitting = sheet[sheet["verdict"] != NO_FIT]
     prov = provenance(lines)
+    kind = input_kind_of(sheet)
+    seq = int(sheet["seq_len"].iloc[0]) if len(sheet) else None
     modes = sorted({p["mode"] for p in prov})
     return {
         "version": __version__,
@@ -276,13 +280,15 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
                      "effective_batch": campaign.effective_batch, "updates": campaign.updates,
                      "variants": [{"id": v.id, "lr": v.lr, "priority": v.priority} for v in campaign.variants],
                      "eval": f"every {campaign.eval.every_updates} updates, {campaign.eval.examples} examples at "
-                             f"seq_len {campaign.eval.seq_len}",
+                             f"{size_text(kind, campaign.eval.seq_len)}",
                      "saves": f"a checkpoint every {campaign.save_every} updates "
                               f"({'save_every_updates' if campaign.save_every_updates else 'at each evaluation: the default'}), "
                               f"the newest {KEPT_CHECKPOINTS} kept per run",
                      "export": campaign.export, "setup_hours": campaign.setup_hours,
-                     "seq_len": int(sheet["seq_len"].iloc[0]) if len(sheet) else None,
-                     "seq_len_note": sheet.attrs.get("seq_len_note", ""), "precision": campaign.precision,
+                     "seq_len": seq, "precision": campaign.precision,
+                     # one campaign's size in its model's words: seq_len for a sequence, positions for an image
+                     "shape": sheet.attrs.get("shape_text") or f"seq_len {seq} ({sheet.attrs.get('seq_len_note', '')})",
+                     "at": size_text(kind, seq) if seq else "", "dims": dimension_words(kind),
                      "base": base_note(campaign.params)},
         "assumptions": [
             f"fit: (need + {fmt_bytes(catalog.context_bytes)} CUDA context + BLAS workspaces not in the lines' peaks, + "

@@ -41,6 +41,13 @@ def render(df: pd.DataFrame, fmt: str = "table", floatfmt: str = ".4g") -> str:
     return tabulate(rows, headers=list(df.columns), tablefmt=tablefmt, floatfmt=floatfmt, disable_numparse=True)
 
 
+def shape_text(r) -> str:
+    """What the line's batch was: as read by role where the loop's call was read ("image 8×3×32×32"), else the
+    micro-batch × seq_len rentplan's probe was told."""
+    read = getattr(r, "input_shape", None)
+    return read if isinstance(read, str) and read else f"mb{r.micro_batch}×{r.seq_len}"
+
+
 def lines_view(df: pd.DataFrame, fmt: str, workload: bool = False) -> pd.DataFrame:
     """Machine formats get every field in raw units; people get a readable subset (with the workload where the
     lines may be of several: the ledger's)."""
@@ -49,7 +56,7 @@ def lines_view(df: pd.DataFrame, fmt: str, workload: bool = False) -> pd.DataFra
     view = pd.DataFrame({
         "run": df["run_id"],
         **({"workload": df["workload"]} if workload else {}),
-        "config": [f"mb{r.micro_batch}×{r.seq_len} acc{r.grad_accum} {r.precision} {r.optimizer}"
+        "config": [f"{shape_text(r)} acc{r.grad_accum} {r.precision} {r.optimizer}"
                    f"{' ckpt' if r.checkpointing else ''}{' cap=' + r.cap if r.cap else ''}"
                    f"{' @' + r.target if getattr(r, 'target', None) else ''}"
                    f"{f' {r.strategy}×{r.world_size} r{r.rank}' if r.world_size > 1 else ''}" for r in df.itertuples()],
@@ -72,9 +79,14 @@ def lines_view(df: pd.DataFrame, fmt: str, workload: bool = False) -> pd.DataFra
 def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.DataFrame:
     if fmt in ("csv", "json"):
         return sheet
+    from planner.decisions.shapes import input_kind_of
     from planner.outputs.render import sheet_rows
+    from planner.shapes import dimension_words
 
     rows = pd.DataFrame(sheet_rows(sheet.head(limit) if limit else sheet))
+    dims = dimension_words(input_kind_of(sheet))  # "max seq" only where the model has a sequence
+    rows = (rows.rename(columns={"max_seq": dims["column"]}) if dims["shown"]
+            else rows.drop(columns=["max_seq"], errors="ignore"))
     return rows.drop(columns=["as_of", "notes", "gpu", "provider", "strategy_why"], errors="ignore")
 
 
