@@ -21,7 +21,7 @@ from typing import Iterable
 import pandas as pd
 
 from planner.errors import LedgerError
-from planner.storage import atomic_write, made_or_nothing, storage_problem
+from planner.storage import advice, atomic_write, made_or_nothing, storage_problem
 from planner.records import FAILED, LINE_FIELDS, PHASES, Line, Verdict
 
 SCHEMA_VERSION = 2  # 2: campaign_predictions and claims tables
@@ -52,6 +52,10 @@ TABLES = {
 
 def new_id(prefix: str = "r") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+class LedgerFull(LedgerError):
+    """The ledger's disk filled (or turned read-only) while a command wrote to it."""
 
 
 class Ledger:
@@ -89,8 +93,8 @@ class Ledger:
             reason = storage_problem(self.path.parent)
             if reason:  # a full disk or a read-only folder is said as such, not blamed on the file
                 raise LedgerError(f"cannot {'read' if self.read_only else 'write'} the ledger {self.path}: "
-                                  f"{reason}. Nothing was changed; free space, or pass --ledger PATH on a "
-                                  "writable disk.") from None
+                                  f"{reason}. Nothing was changed; {advice(reason)} (--ledger PATH on a "
+                                  "writable disk).") from None
             if isinstance(e, OSError):
                 raise LedgerError(f"cannot open the ledger {self.path}: {e.strerror or e}.") from None
             raise LedgerError(f"{self.path} is not a rentplan ledger ({e}). Pass another --ledger PATH.") from None
@@ -207,7 +211,7 @@ class Ledger:
         row = line.to_dict()
         names = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        with self.db:  # one transaction per line: committed (and fsynced) before we return
+        with self._writing():  # one transaction per line: committed (and fsynced) before we return
             self.db.execute(f"INSERT INTO lines ({names}) VALUES ({marks})", list(row.values()))
 
     def add(self, table: str, row: dict) -> None:
@@ -217,8 +221,20 @@ class Ledger:
         if unknown:
             raise LedgerError(f"unknown columns for {table}: {', '.join(sorted(unknown))}")
         names = ", ".join(row)
-        with self.db:
+        with self._writing():
             self.db.execute(f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' for _ in row)})", list(row.values()))
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """One committed transaction; a disk that fills (or turns read-only) mid-command is said as such, with what
+        was kept, never a sqlite traceback."""
+        try:
+            with self.db:
+                yield
+        except sqlite3.OperationalError as e:
+            reason = storage_problem(self.path.parent) or str(e)
+            raise LedgerFull(f"the ledger {self.path} cannot take another row: {reason}. Every row written before is "
+                             f"kept; {advice(reason)} (--ledger PATH), then run the same command again.") from None
 
     def table(self, name: str) -> pd.DataFrame:
         if name not in TABLES:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,26 +46,44 @@ class WriteError(OSError):
     copy names its source on ENOSPC)."""
 
 
-def atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str | bytes) -> None:
     """`text` replaces `path` in one step, or nothing changes: a failed write (full disk, read-only folder) removes
     its temporary file and says which file it was writing."""
-    path = Path(path)
-    tmp = None
+    write_all({Path(path): text})
+
+
+def write_all(files: dict[Path, str | bytes | None]) -> None:
+    """Every file replaced, or none: each is written whole beside its target first (a full disk fails here, and
+    the temporary files go), then all are moved into place; None removes a file. So a plan that fails half way
+    leaves no mix of an old order.json and a new selection.csv."""
+    staged: list[tuple[str, Path]] = []
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        os.replace(tmp, path)
-    except BaseException as e:
-        if tmp and os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(e, OSError) and e.errno is not None:
-            raise WriteError(e.errno, e.strerror, str(path)) from None  # the file asked for, not its temporary
+        for path, text in files.items():
+            if text is None:
+                continue
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+                staged.append((tmp, path))
+                with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
+            except OSError as e:
+                if e.errno is None:
+                    raise
+                raise WriteError(e.errno, e.strerror, str(path)) from None  # the file asked for, not its temporary
+    except BaseException:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
         raise
+    for tmp, path in staged:
+        os.replace(tmp, path)
+    for path, text in files.items():
+        if text is None:
+            path.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -81,3 +100,8 @@ def made_or_nothing(folder: Path):
         if first_new is not None and first_new.is_dir():
             shutil.rmtree(first_new, ignore_errors=True)
         raise
+
+
+def advice(reason: str) -> str:
+    """What to do about a storage_problem: a full disk wants space, a read-only one another place."""
+    return "free space there, or write elsewhere" if "full" in reason else "write elsewhere"

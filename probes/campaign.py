@@ -29,8 +29,8 @@ from planner.tools.archive import sha256
 from planner.inputs.campaign_spec import (KEPT_CHECKPOINTS, Campaign, Variant, judge_loss, resolve_params,
                                           resolve_workload)
 from planner.errors import CampaignError
-from planner.ledger import Ledger, holding, new_id
-from planner.storage import nearest_existing, storage_problem
+from planner.ledger import LedgerFull, Ledger, holding, new_id
+from planner.storage import advice, nearest_existing, storage_problem
 from planner.records import ProbeConfig
 from probes import checkpoint
 from probes.loop import NonFinite, Trainer
@@ -318,6 +318,8 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
         except KeyboardInterrupt:
             event("interrupted", 0, "interrupted (Ctrl-C or SIGTERM)")
             raise
+        except LedgerFull:  # nothing more can be written: said by the command, the run stays as far as it got
+            raise
         except Exception as e:  # noqa: BLE001  the run stays in the ledger, marked
             event("error", 0, last_line(e))
             progress(f"{variant.id} seed {seed}: error: {last_line(e)}")
@@ -417,8 +419,8 @@ def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] |
     if rank == 0:  # an output folder or a ledger that cannot be written (a full disk, a read-only folder, a foreign
         problem = storage_problem(Path(out))  # SQLite file, a newer rentplan's) is refused before anything is made
         if problem:
-            raise CampaignError(f"cannot write runs under {out}: {problem}. Nothing was changed; free space or "
-                                "pass --out FOLDER on a writable disk.")
+            raise CampaignError(f"cannot write runs under {out}: {problem}. Nothing was changed; {advice(problem)} "
+                                "(--out FOLDER on a writable disk).")
         with Ledger(ledger_path):
             pass
     for run_dir in (p for p in Path(out).glob("c-*") if rank == 0 and p.is_dir() and not p.is_symlink()):

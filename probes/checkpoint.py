@@ -156,7 +156,8 @@ def written_whole(path: str, write) -> None:
         full = storage_problem(os.path.dirname(path) or ".")  # read before the temporary file frees its space
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        if isinstance(e, Exception) and (full or getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)):
+        no_space = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)  # safetensors
+        if isinstance(e, Exception) and (full or no_space):
             raise DiskFull(errno.ENOSPC, f"{full or 'the disk is full'}: {os.path.basename(path)} could not be "
                            f"written ({written:,} bytes of it were; nothing is left of it). Free space there or "
                            "write elsewhere (--out), then run again.") from None

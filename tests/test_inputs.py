@@ -232,3 +232,10 @@ def test_probe_grid_file_builds_the_product_and_refuses_unknown_keys(tmp_path):
     assert len(configs) == 4 and {c.grad_accum for c in configs} == {4, 2} and spec.params == {"layers": 1}
     bad = write(tmp_path, "b.yaml", "micro_batchh: [1]\n")
     assert_error(run("probe", "--grid", bad, "--device", "cpu"), "micro_batchh: unknown key (did you mean 'micro_batch'?)")
+
+
+def test_an_unquoted_date_that_is_none_is_named_with_its_line(tmp_path):
+    """A helper's attack: `name: 2026-02-30` (or a catalog's as_of) gave 'holds a number too long to read'."""
+    camp = write(tmp_path, "c.yaml", campaign_yaml().replace("name: test-campaign", "name: 2026-02-30"))
+    assert_error(run("plan", "--campaign", camp, "--ledger", standard_ledger(tmp_path / "l.db")),
+                 "line 1: 2026-02-30 reads as a date in YAML, and is none (day is out of range for month)")

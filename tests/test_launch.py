@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from planner.cli import cli
 from tests.factories import campaign_yaml, config, pilot_lines, write_ledger
+from planner.outputs.skypilot import SOURCE_PARTS
 from tests.launch_sim import ROOT, launch
 
 WORKLOAD = '''"""A user's workload, in a folder .gitignore leaves out of the workdir upload."""
@@ -147,7 +148,7 @@ def assert_sky_yaml_is_data(path: Path, out: str) -> None:
                                    f"~/sky_workdir/{spec_rel}": f"./{spec_rel}",
                                    "~/sky_workdir/private/wl.py": "./private/wl.py",
                                    "~/sky_workdir/data/train.txt": "./data/train.txt",
-                                   "~/rentplan": str(ROOT)}
+                                   **{f"~/rentplan/{part}": f"{ROOT}/{part}" for part in SOURCE_PARTS}}
 
 
 @pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
@@ -410,3 +411,37 @@ def test_the_rentplan_source_passes_the_same_checks(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert (root / "o" / "order.json").exists() and not (root / "o" / "sky.yaml").exists()
     assert "no sky.yaml" in r.output and "rentplan source" in r.output, r.output
+
+
+def test_what_rentplan_adds_is_only_what_it_means_to(tmp_path, monkeypatch):
+    """A helper's attacks: a link beside the workload to a file .skyignore lists (`wl/cfg.py -> ../.env`) carried
+    the secret; a folder named `keys.py` was walked and a FIFO `pipe.py` mounted; the rentplan source went up whole
+    (its .git and a stray key), unlisted and uncounted."""
+    root = user_project(tmp_path / "p")
+    (root / ".env").write_text("AWS_SECRET=zzz\n")
+    (root / ".skyignore").write_text(".env\n")
+    (root / "private" / "cfg.py").symlink_to("../.env")
+    (root / "private" / "keys.py").mkdir()
+    (root / "private" / "keys.py" / "id_rsa").write_text("KEY")
+    os.mkfifo(root / "private" / "pipe.py")
+    r = plan_in(root, monkeypatch)
+    assert r.exit_code == 0, r.output
+    text = (root / "o" / "sky.yaml").read_text()
+    mounts = mounts_of(root / "o" / "sky.yaml")
+    assert not [m for m in mounts if any(w in m for w in ("cfg.py", "keys.py", "pipe.py"))], mounts
+    assert not [src for src in mounts.values() if ".env" in src or ".git" in src]
+    source = {k: v for k, v in mounts.items() if k.startswith("~/rentplan")}
+    assert set(source) == {f"~/rentplan/{p}" for p in SOURCE_PARTS if (ROOT / p).exists()}
+    assert "~/rentplan (this rentplan's source" in text  # listed with its size, and counted in the disk
+
+
+@pytest.mark.parametrize("held", [".ssh", ".aws"])
+def test_a_launch_folder_holding_keys_gets_no_sky_yaml(tmp_path, monkeypatch, held):
+    """Planning from a home folder: sky.yaml's workdir (the launch folder, uploaded whole) would carry ~/.ssh and
+    ~/.aws to the rented machine."""
+    root = user_project(tmp_path / "p")
+    (root / held).mkdir()
+    (root / held / "credentials").write_text("SECRET")
+    r = plan_in(root, monkeypatch)
+    assert r.exit_code == 0 and (root / "o" / "order.json").exists() and not (root / "o" / "sky.yaml").exists()
+    assert f"holds {held}" in r.output and "no sky.yaml" in r.output, r.output

@@ -120,21 +120,23 @@ def test_sky_yaml_says_what_its_disk_counts(tmp_path, monkeypatch):
     disk = yaml.safe_load(text)["resources"]["disk_size"]
     basis = next(line for line in text.splitlines() if line.startswith("# disk_size"))
     assert f"# disk_size {disk} GB = 100 GB floor (environment, data)" in basis
-    assert "2 run(s) × (3 kept checkpoints × 11.4 MiB + export 3.8 MiB)" in basis, basis
+    assert "2 run(s) × (4 checkpoints (3 kept and the one being written) × 11.4 MiB + export 3.8 MiB)" in basis, basis
 
 
 def test_disk_holds_kept_checkpoints_and_the_export(tmp_path):
     gib = 1024**3
     assert disk_gb(None, None) == 100
-    assert disk_gb(40 * gib, 14 * gib) == 100 + 3 * 40 + 14
-    assert disk_gb(40 * gib, 14 * gib, runs=4) == 100 + 4 * (3 * 40 + 14)  # every variant keeps its own
+    # three kept, and a fourth written whole before the oldest goes (a helper's attack: the save at update 40 of
+    # 25 MB checkpoints filled an 80 MB disk sized for three)
+    assert disk_gb(40 * gib, 14 * gib) == 100 + 4 * 40 + 14
+    assert disk_gb(40 * gib, 14 * gib, runs=4) == 100 + 4 * (4 * 40 + 14)  # every variant keeps its own
     order = {"campaign": "x", "offer": {"id": "o", "provider": "market_range_longtail", "gpus_per_instance": 1,
                                        "nodes": 1, "spot": False},
              "expect": {"gpu_id": "rtx_4090"}, "settings": {"strategy": "single", "workload": "builtin:gpt"},
              "stack": {"torch_requirement": "torch==2.13.0", "extras": ["probe", "hf"]}}
     launch = Launch(order, "", "out/order.json", "out/order-campaign.yaml", Layout(tmp_path))
     task = sky_task(order, launch, 10 * gib, None)
-    assert task["resources"]["disk_size"] == 130
+    assert task["resources"]["disk_size"] == 140
     assert "cloud" not in task["resources"]  # a market range names no cloud: SkyPilot chooses
     assert task["setup"].splitlines()[-1] == "pip install -q 'rentplan[probe,hf]==0.1.0'"  # this release
     # Lines from the user's own loop: the stack is verified, and the run asks for their command instead of

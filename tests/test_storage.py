@@ -132,3 +132,39 @@ def test_an_archive_that_fills_the_disk_leaves_no_half_archive(tmp_path):
         assert list(where.iterdir()) == []
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.mark.slow  # a campaign run
+def test_a_ledger_disk_that_fills_during_a_campaign_run_is_said_without_a_traceback(tmp_path):
+    """A helper's attack: `campaign run --ledger M/c.db` on a 160 KB tmpfs filled mid-run: two chained sqlite
+    tracebacks ('database or disk is full'), exit 1."""
+    where = tmp_path / "disk"
+    mount_tmpfs(where, size="160k")
+    try:
+        (tmp_path / "c.yaml").write_text(campaign_yaml(updates=4000, effective_batch=2, save_every_updates=4000,
+                                                       eval={"every_updates": 4000, "examples": 2, "seq_len": 16},
+                                                       seq_len=16, variants=[{"id": "a", "lr": 1e-4}]))
+        r = run(["campaign", "run", tmp_path / "c.yaml", "--ledger", where / "c.db", "--out", tmp_path / "runs"])
+        assert r.exit_code == 1 and "cannot take another row" in r.output and "is full" in r.output, r.output
+        assert "kept" in r.output
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_plan_that_fills_the_disk_leaves_the_earlier_plan_as_it_was(disk, tmp_path):
+    """A helper's attack: `plan --out` into a folder holding an earlier plan, on a disk that fills half way, left
+    the old order.json beside a new selection.csv."""
+    (disk / "po").mkdir()
+    (disk / "po" / "order.json").write_text("OLD")
+    (disk / "po" / "selection.csv").write_text("OLDSEL")
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+    fill(disk)
+    with open(disk / "fill", "r+b") as f:  # room for the first files of the plan, not for all of them
+        f.truncate(f.seek(0, 2) - 250_000)  # selection.csv, plans.csv and the md sheet fit; the html does not
+    before = listing(disk)
+    r = run(["plan", "--campaign", tmp_path / "c.yaml", "--ledger", standard_ledger(tmp_path / "l.db"),
+             "--out", disk / "po"])
+    assert r.exit_code == 1 and "No space left on device while writing" in r.output, r.output
+    files = lambda rows: [row for row in rows if row[1] >= 0]  # noqa: E731  (a folder's mtime moves with its temporaries)
+    assert files(listing(disk)) == files(before)
+    assert (disk / "po" / "order.json").read_text() == "OLD"

@@ -181,3 +181,17 @@ def test_an_order_with_a_key_rentplan_never_writes_is_refused_by_its_path(order)
         order.write_text(json.dumps(doc))
         r = CliRunner().invoke(cli, ["verify", str(order), "--skip-pilot"])
         assert r.exit_code == 1 and r.output.startswith("Error: ") and where in r.output, r.output
+
+
+def test_an_order_with_a_key_twice_or_a_bent_provenance_is_refused(order):
+    """A helper's attacks: `"torch_build": "cuda", "torch_build": "cpu"` made the build check vanish (JSON's last
+    one wins); provenance items took any key and value; an offer's region took shell text."""
+    written = order.read_text()
+    twice = written.replace('"torch_build": "cuda"', '"torch_build": "cuda", "torch_build": "cpu"')
+    assert twice != written
+    for text, says in ((twice, "the key 'torch_build' is given twice"),
+                       (written.replace('"mode":', '"modee":'), "provenance[0].modee: unknown key"),
+                       (written.replace('"region": null', '"region": "us-east-1; rm -rf ~"'), "offer.region")):
+        order.write_text(text)
+        r = CliRunner().invoke(cli, ["verify", str(order), "--skip-pilot"])
+        assert r.exit_code == 1 and r.output.startswith("Error: ") and says in r.output, (says, r.output)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import shutil
 import sys
 
 import click
@@ -51,6 +52,9 @@ def friendly_errors(fn):
             raise click.ClickException(f"a file is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
                                        "UTF-8 and run again.") from None
         except OSError as e:  # unreadable input, unwritable output folder, disk full
+            if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list) and e.args[0]:
+                src, dst, why = e.args[0][0]  # copytree's list of (source, destination, reason): the first says it
+                e = OSError(errno.ENOSPC if "No space" in str(why) else None, str(why), None, None, str(dst))
             where = f"{e.filename}: " if e.filename else ""
             if e.errno in (errno.ENOSPC, errno.EDQUOT):  # the disk's fault: name the file written, never one read
                 written = e.filename2 or (e.filename if isinstance(e, WriteError) else None)

@@ -358,12 +358,22 @@ def order_models(device_kinds: tuple[str, ...], precisions, optimizers, extras: 
         gpus_per_instance: Whole(positive=True, allow_zero=True, maximum=64) | None = None
         nodes: Whole(positive=True, maximum=4096) | None = None
         spot: Flag | None = None
-        region: Text = None
+        region: Ident | None = None  # reaches sky.yaml
         network: Text = None
         price_per_instance_hour_usd: Number(positive=True, allow_zero=True) | None = None
         price_per_hour_usd: Number(positive=True, allow_zero=True) | None = None
         as_of: Text = None
         source: Text = None
+
+    class ProvenanceEntry(Entry):  # planner/outputs/orders.provenance: one row per (mode, device, torch)
+        mode: Choice(("measured", "estimated"))
+        device: Label
+        device_name: Text = None
+        torch_version: Text = None
+        cuda_version: Text = None
+        lines: Whole(positive=True, maximum=10**12)
+        first: Text = None
+        last: Text = None
 
     class DecisionEntry(Entry):
         chosen_by: Text = None
@@ -380,7 +390,7 @@ def order_models(device_kinds: tuple[str, ...], precisions, optimizers, extras: 
         campaign: Text = None
         offer: OfferRef | None = None
         generated_at: Text = None
-        provenance: list[dict[str, Any]] | None = None
+        provenance: list[ProvenanceEntry] | None = None
         decision: DecisionEntry | None = None
 
     return OrderEntry

@@ -198,8 +198,26 @@ def load_yaml_text(text: str, source: str, max_bytes: int = MAX_YAML_BYTES, stri
             from None
     except yaml.YAMLError as e:
         raise InputError(f"{source} is not valid YAML: {_yaml_message(e)}") from None
-    except ValueError:  # Python refuses to read an integer of more than 4,300 digits
-        raise InputError(_too_long(text, source)) from None
+    except ValueError as e:  # an integer of more than 4,300 digits, or a date that is none (2026-02-30)
+        raise InputError(_bad_date(text, source, e) or _too_long(text, source)) from None
+
+
+_DATE_LIKE = re.compile(r"(?<![\w.-])(\d{4}-\d{1,2}-\d{1,2})(?![\w.:-])", re.ASCII)
+
+
+def _bad_date(text: str, source: str, e: ValueError) -> str | None:
+    """YAML reads an unquoted 2026-02-30 as a date and Python refuses it: say where, not 'a number too long'."""
+    import datetime as dt
+
+    for m in _DATE_LIKE.finditer(text):
+        y, mo, d = (int(x) for x in m.group(1).split("-"))
+        try:
+            dt.date(y, mo, d)
+        except ValueError as why:
+            line = text.count("\n", 0, m.start()) + 1
+            return (f"{source} line {line}: {m.group(1)} reads as a date in YAML, and is none ({why}); write the "
+                    f"date it means, or quote it ('{m.group(1)}') where it is text.")
+    return None
 
 
 def load_yaml_file(path: str | Path, what: str, max_bytes: int = MAX_YAML_BYTES) -> Any:

@@ -98,9 +98,11 @@ class Layout:
         sibling), the user did not name it; such a file that .skyignore lists is left home (None)."""
         path = Path(os.path.abspath(local))
         if found:
-            if self._ignored(path):
-                return None
+            if self._ignored(path) or self._ignored(Path(os.path.realpath(path))):
+                return None  # by its name or by what it links to: .skyignore is the user's word on what stays home
             self._check_link(path, [self.root.resolve(), path.parent.resolve()], what)
+            if not path.is_file():  # a folder named x.py, a FIFO: not a module beside the workload
+                return None
         if not path.exists():
             raise InputError(f"{what} {path} does not exist: sky.yaml would carry it to the machine. Fix the "
                              "path in the campaign spec.")
@@ -151,12 +153,15 @@ class Layout:
                     raise InputError(f"{what}: {Path(top, d)} links to a folder ({os.path.realpath(Path(top, d))}): "
                                      "rentplan walks no linked folder. Copy its files in, or list it in .skyignore.")
             dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not os.path.islink(os.path.join(top, d)))
-            files += [Path(top) / n for n in sorted(names) if not self._ignored(Path(top) / n)]
+            files += [Path(top) / n for n in sorted(names) if not self._ignored(Path(top) / n)
+                      and not self._ignored(Path(os.path.realpath(Path(top) / n)))]
             if len(files) > MAX_FILES:
                 raise InputError(f"{what} {path} holds more than {MAX_FILES} files: mount it yourself (a SkyPilot "
                                  "storage mount) and name its path on the machine.")
         for f in files:
             self._check_link(f, tree, what)
+            if not f.is_file():  # a FIFO or a socket: nothing SkyPilot can upload
+                raise Unmountable(f"{what}: {f} is not a regular file (a FIFO or socket)")
             sub = f"{rel}/{f.relative_to(path).as_posix()}"
             why = launch_path_problem(sub)
             if why:
@@ -264,9 +269,25 @@ class Launch:
     layout: Layout
 
 
+PRIVATE = (".ssh", ".aws", ".gnupg", ".config/gcloud", ".azure", ".kube", ".docker", ".netrc")
+
+
+def workdir_problem(root: Path) -> str | None:
+    """SkyPilot uploads the launch folder whole as the run's workdir: from a home folder (or one that holds keys
+    and cloud credentials) it would carry them to the rented machine."""
+    if root == Path.home().resolve():
+        return f"the launch folder {root} is your home folder"
+    held = [p for p in PRIVATE if (root / p).exists()]
+    return f"the launch folder {root} holds {', '.join(held)}" if held else None
+
+
 def launch_files(order: dict, spec_path: str, out_dir: str, root: str | None = None) -> Launch:
     """The order for the rented machine and the campaign spec it runs, with every file they name mounted."""
     layout = Layout(Path(os.path.abspath(root or os.getcwd())))
+    why = workdir_problem(layout.root.resolve())
+    if why:
+        raise Unmountable(f"{why}: sky.yaml's workdir would upload it to the rented machine. Plan from your "
+                          "project's folder")
     order_rel = layout.reserve(Path(out_dir) / "order.json", "the --out folder")
     folder = posixpath.dirname(order_rel)
     settings = dict(order["settings"])

@@ -24,7 +24,7 @@ from planner.decisions.plans import nothing_to_order, ordered, recommend, window
 from planner.decisions.select import NO_FIT
 from planner.decisions.shapes import input_kind_of
 from planner.shapes import dimension_words, size_text
-from planner.storage import atomic_write, made_or_nothing
+from planner.storage import atomic_write, made_or_nothing, write_all
 from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
 
 _ENV: jinja2.Environment | None = None
@@ -393,14 +393,9 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
         "budget.md": render_template("budget.md.j2", ctx),
     }
     files.update(launch)
-    written = []
-    with made_or_nothing(out):
-        for name, text in files.items():
-            if text is None:  # a launch file of an earlier plan that this decision has none of
-                (out / name).unlink(missing_ok=True)
-                continue
-            atomic_write(out / name, text)
-            written.append(out / name)
+    with made_or_nothing(out):  # None: a launch file of an earlier plan that this decision has none of goes
+        write_all({out / name: text for name, text in files.items()})
+        written = [out / name for name, text in files.items() if text is not None]
     return written
 
 

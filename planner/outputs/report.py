@@ -366,13 +366,11 @@ def _report_files(out: Path, runs, table, variants, metrics, notes, said) -> lis
     variants = variants.drop(columns=["outcome", "all_finished"], errors="ignore")
     from datetime import datetime, timezone
 
-    from planner.outputs.render import atomic_write, render_template
+    from planner.outputs.render import render_template
+    from planner.storage import write_all
 
-    out.mkdir(parents=True, exist_ok=True)
     svg, clipped = curves_figure(runs, metrics, "svg")
     svg = svg.decode()
-    (out / "curves.png").write_bytes(curves_figure(runs, metrics, "png")[0])
-    atomic_write(out / "curves.svg", svg)
     variant_columns, variant_rows = _cells(variants, {k: v for k, v in VARIANT_COLUMNS.items()
                                                       if k in variants or k.startswith("final val loss")})
     run_columns, run_rows = _cells(table, {k: v for k, v in RUN_COLUMNS.items() if k in table})
@@ -382,7 +380,7 @@ def _report_files(out: Path, runs, table, variants, metrics, notes, said) -> lis
            "run_columns": run_columns, "runs": run_rows, "svg": svg[svg.find("<svg"):],
            "devices": ", ".join(sorted(set(runs["device_name"]))), "clipped": clipped,
            "notes": notes.to_dict(orient="records")}
-    atomic_write(out / "report.html", render_template("campaign_report.html.j2", ctx))
-    table.to_csv(out / "runs.csv", index=False)
-    variants.to_csv(out / "variants.csv", index=False)
+    write_all({out / "report.html": render_template("campaign_report.html.j2", ctx), out / "curves.svg": svg,
+               out / "curves.png": curves_figure(runs, metrics, "png")[0],
+               out / "runs.csv": table.to_csv(index=False), out / "variants.csv": variants.to_csv(index=False)})
     return [out / name for name in ("report.html", "curves.svg", "curves.png", "runs.csv", "variants.csv")]

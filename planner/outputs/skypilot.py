@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shlex
 
@@ -39,6 +40,7 @@ CLOUDS = {"aws": "aws", "gcp": "gcp", "azure": "azure", "lambda": "lambda", "run
           "fluidstack": "fluidstack", "paperspace": "paperspace", "cudo": "cudo", "oci": "oci", "nebius": "nebius",
           "do": "do", "hyperbolic": "hyperbolic", "ibm": "ibm", "scp": "scp"}
 MIN_DISK_GB = 100
+ON_DISK = KEPT_CHECKPOINTS + 1  # a new checkpoint is written whole before the oldest kept one goes (probes/campaign.py)
 VENV = "~/rentplan-venv"
 
 
@@ -55,7 +57,7 @@ def disk_gb(checkpoint_bytes: int | None, export_bytes: int | None, runs: int = 
     """Room for the environment and data (the 100 GB floor), the files sky.yaml uploads, and, for every run of the
     campaign (one per variant), its kept checkpoints and its exported model: each run keeps its own
     (probes/campaign.py)."""
-    need = upload_bytes + runs * (KEPT_CHECKPOINTS * (checkpoint_bytes or 0) + (export_bytes or 0))
+    need = upload_bytes + runs * (ON_DISK * (checkpoint_bytes or 0) + (export_bytes or 0))
     return max(MIN_DISK_GB, MIN_DISK_GB + math.ceil(need / GiB))
 
 
@@ -72,8 +74,9 @@ def disk_basis(checkpoint_bytes: int | None, export_bytes: int | None, runs: int
     total = sum(uploads.values())
     size = lambda b: fmt_bytes(b) if b else "not measured"  # noqa: E731
     lines = [f"# disk_size {disk_gb(checkpoint_bytes, export_bytes, runs, total)} GB = {MIN_DISK_GB} GB floor "
-             f"(environment, data) + uploads {fmt_bytes(total)} + {runs} run(s) × ({KEPT_CHECKPOINTS} kept "
-             f"checkpoints × {size(checkpoint_bytes)} + export {size(export_bytes)}), rounded up to whole GiB"]
+             f"(environment, data) + uploads {fmt_bytes(total)} + {runs} run(s) × ({ON_DISK} checkpoints ({KEPT_CHECKPOINTS} "
+             f"kept and the one being written) × {size(checkpoint_bytes)} + export {size(export_bytes)}), rounded up "
+             "to whole GiB"]
     if uploads:
         lines.append(f"# uploaded besides the workdir ({len(uploads)} files, {fmt_bytes(total)}; file_mounts below):")
         biggest = sorted(uploads.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -137,6 +140,14 @@ def run_lines(order: dict, launch: Launch) -> list[str]:
         launch_lines(order, launch.spec_path)
 
 
+def uploads(launch: Launch, rentplan_source: str | None) -> dict[str, int]:
+    """Every upload besides the workdir, with its bytes: the order's files, and this rentplan's source."""
+    out = dict(launch.layout.sizes)
+    if rentplan_source:
+        out["~/rentplan (this rentplan's source: " + ", ".join(SOURCE_PARTS) + ")"] = source_bytes(rentplan_source)
+    return out
+
+
 def sky_task(order: dict, launch: Launch, checkpoint_bytes: int | None = None, export_bytes: int | None = None,
              rentplan_source: str | None = None, runs: int = 1) -> dict:
     """The SkyPilot task for an order (local paths relative to the launch folder, where `sky launch` runs)."""
@@ -144,7 +155,8 @@ def sky_task(order: dict, launch: Launch, checkpoint_bytes: int | None = None, e
     gpu = expect["gpu_id"]
     resources: dict = {"accelerators": f"{ACCELERATORS.get(gpu, str(gpu).upper())}:{int(offer['gpus_per_instance'])}",
                        "use_spot": bool(offer.get("spot", False)),
-                       "disk_size": disk_gb(checkpoint_bytes, export_bytes, runs, launch.layout.upload_bytes())}
+                       "disk_size": disk_gb(checkpoint_bytes, export_bytes, runs,
+                                            sum(uploads(launch, rentplan_source).values()))}
     cloud = CLOUDS.get(str(offer.get("provider", "")).lower())
     if cloud:
         resources["cloud"] = cloud
@@ -157,9 +169,9 @@ def sky_task(order: dict, launch: Launch, checkpoint_bytes: int | None = None, e
         task["num_nodes"] = int(offer["nodes"])
     task["workdir"] = "."  # the launch folder: the user's project
     mounts = launch.layout.file_mounts()
-    if rentplan_source:  # the same rule as every other upload
+    if rentplan_source:  # the same rule as every other upload, and only what `pip install -e` needs of it
         source_problem(rentplan_source, "the rentplan source")
-        mounts["~/rentplan"] = rentplan_source
+        mounts.update(source_mounts(rentplan_source))
     task["file_mounts"] = mounts
     task["setup"] = "\n".join(setup_lines(order, rentplan_source)) + "\n"
     task["run"] = "\n".join(run_lines(order, launch)) + "\n"
@@ -176,8 +188,30 @@ def sky_yaml(order: dict, launch: Launch, checkpoint_bytes: int | None = None, e
     head = (f"# SkyPilot task for the rentplan order of {json.dumps(str(order['campaign']))} "
             f"(offer {json.dumps(str(order['offer']['id']))}{chosen}).\n"
             "# Launch from the folder rentplan plan ran in: sky launch -c rentplan THIS_FILE\n"
-            + disk_basis(checkpoint_bytes, export_bytes, runs, launch.layout.sizes))
+            + disk_basis(checkpoint_bytes, export_bytes, runs, uploads(launch, rentplan_source)))
     return head + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=1000, allow_unicode=False)
+
+
+SOURCE_PARTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "catalog.yaml", "planner", "probes",
+                "templates")  # what `pip install -e ~/rentplan` builds from: never the checkout's .git, keys or venvs
+
+
+def source_mounts(source: str) -> dict[str, str]:
+    return {f"~/rentplan/{part}": f"{source}/{part}" for part in SOURCE_PARTS if os.path.exists(f"{source}/{part}")}
+
+
+def source_bytes(source: str) -> int:
+    """The bytes of those parts as SkyPilot uploads them (a folder mount leaves out what .gitignore names: here
+    caches only, which this count leaves out too)."""
+    total = 0
+    for part in SOURCE_PARTS:
+        top = os.path.join(source, part)
+        if os.path.isfile(top):
+            total += os.path.getsize(top)
+        for folder, dirs, names in os.walk(top):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            total += sum(os.path.getsize(os.path.join(folder, n)) for n in names if not n.endswith(".pyc"))
+    return total
 
 
 def rentplan_source() -> str | None:

@@ -87,7 +87,8 @@ def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.
     dims = dimension_words(input_kind_of(sheet))  # "max seq" only where the model has a sequence
     rows = (rows.rename(columns={"max_seq": dims["column"]}) if dims["shown"]
             else rows.drop(columns=["max_seq"], errors="ignore"))
-    return rows.drop(columns=["as_of", "notes", "gpu", "provider", "strategy_why"], errors="ignore")
+    return rows.drop(columns=["as_of", "notes", "gpu", "provider", "strategy_why", "kernel_basis", "kernel_note"],
+                     errors="ignore")  # the kernels column says both
 
 
 def plans_view(plans: pd.DataFrame, fmt: str) -> pd.DataFrame:
