@@ -23,6 +23,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from planner.tools.archive import sha256
@@ -267,7 +268,14 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
                 progress(f"{variant.id} seed {seed}: data: {note}")
             metric("setup", 0, clock(dev) - t_setup)
             first_loss = None
-            for _ in range(updates):
+            earlier = interrupted_run(ledger_path, run_id, campaign, variant, seed, cfg, updates, out_dir) \
+                if world == 1 else None  # ranks' shards resume through DCP: not here yet, they start over
+            if earlier:
+                old_run, path, first_loss = earlier
+                checkpoint.load(trainer, str(path))
+                event("resumed", trainer.update, f"from {old_run}/{path.name}: that run was interrupted")
+                progress(f"{variant.id} seed {seed}: resumed from {old_run}/{path.name} (update {trainer.update})")
+            for _ in range(updates - trainer.update):
                 t0 = clock(dev)
                 try:
                     res = trainer.train_update()
@@ -316,7 +324,9 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
                 event("finished", trainer.update, f"model sha256 {sha256(model_path)}")
             return run_id, "diverged" if diverged_at else "finished"
         except KeyboardInterrupt:
-            event("interrupted", 0, "interrupted (Ctrl-C or SIGTERM)")
+            done = trainer.update if "trainer" in locals() else 0
+            event("interrupted", done, "interrupted (Ctrl-C or SIGTERM); the same command again resumes it from its "
+                                       "newest checkpoint")
             raise
         except LedgerFull:  # nothing more can be written: said by the command, the run stays as far as it got
             raise
@@ -324,6 +334,31 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
             event("error", 0, last_line(e))
             progress(f"{variant.id} seed {seed}: error: {last_line(e)}")
             return run_id, "error"
+
+
+def interrupted_run(ledger_path: str, run_id: str, campaign: Campaign, variant: Variant, seed: int,
+                    cfg: ProbeConfig, updates: int, out_dir: str) -> tuple[str, Path, float | None] | None:
+    """The run a rerun resumes: the newest attempt of this (variant, seed), when it was interrupted, ran the same
+    configuration and update count, and kept a checkpoint; with its newest checkpoint and its first training loss
+    (the divergence rule's reference). Anything else starts afresh."""
+    with Ledger(ledger_path) as led:
+        runs, events, metrics = (led.table(t) for t in ("campaign_runs", "campaign_events", "campaign_metrics"))
+    mine = runs[(runs["campaign"] == campaign.name) & (runs["variant"] == variant.id) & (runs["run_id"] != run_id)
+                & (pd.to_numeric(runs["seed"], errors="coerce") == seed)]
+    if mine.empty:
+        return None
+    last = mine.sort_values("seq").iloc[-1]
+    said = events[events["run_id"] == last["run_id"]]
+    if said.empty or said.sort_values("seq").iloc[-1]["event"] != "interrupted":
+        return None
+    before = json.loads(last["config_json"])
+    if before.get("config") != dataclasses.asdict(cfg) or before.get("updates") != updates:
+        return None
+    kept = sorted((Path(out_dir) / str(last["run_id"])).glob("checkpoint-*.pt"))
+    if not kept:
+        return None
+    train = metrics[(metrics["run_id"] == last["run_id"]) & (metrics["kind"] == "train")].sort_values("seq")
+    return str(last["run_id"]), kept[-1], float(train["loss"].iloc[0]) if len(train) else None
 
 
 def save_checkpoint(trainer, run_dir: Path, update: int) -> None:

@@ -259,3 +259,41 @@ def test_sigterm_ends_a_campaign_run_as_ctrl_c_does(tmp_path):
     assert proc.returncode == 130, (out, err)
     assert "Interrupted" in err
     assert events() == ["started", "interrupted"]
+
+
+@pytest.mark.slow  # three short campaign runs
+def test_a_rerun_after_an_interruption_resumes_from_the_last_checkpoint_exactly(tmp_path):
+    """A helper's attack: after SIGTERM (Ctrl-C alike) the rerun the message promised started the run again from
+    update 0 and never read its kept checkpoints. Now the rerun resumes the interrupted run's newest checkpoint (a
+    new run id, its 'resumed' event naming the old run) and ends where an uninterrupted run ends, to the bit."""
+    from tests.conftest import TINY, WORKLOADS
+
+    def spec(marker):
+        return campaign_yaml(workload=f"{WORKLOADS}:interrupt_once",
+                             params={**TINY, "marker": str(marker), "at_index": 5}, precision="fp32", seq_len=16,
+                             effective_batch=2, micro_batch=2, updates=8, save_every_updates=2,
+                             eval={"every_updates": 4, "examples": 4, "seq_len": 16},
+                             variants=[{"id": "a", "lr": 1e-3}])
+    (tmp_path / "c.yaml").write_text(spec(tmp_path / "interrupted"))
+    args = ["campaign", "run", str(tmp_path / "c.yaml"), "--ledger", str(tmp_path / "l.db"), "--out",
+            str(tmp_path / "runs")]
+    first = CliRunner().invoke(cli, args)
+    assert first.exit_code == 130 and (tmp_path / "interrupted").exists(), first.output
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 0 and "resumed" in again.output, again.output
+    (tmp_path / "whole").touch()  # the same spec, never interrupted, on its own ledger
+    (tmp_path / "w.yaml").write_text(spec(tmp_path / "whole"))
+    whole = CliRunner().invoke(cli, ["campaign", "run", str(tmp_path / "w.yaml"), "--ledger", str(tmp_path / "w.db"),
+                                     "--out", str(tmp_path / "wruns")])
+    assert whole.exit_code == 0, whole.output
+    from planner.ledger import Ledger
+
+    def finals(db):
+        with Ledger(db) as led:
+            m, e = led.table("campaign_metrics"), led.table("campaign_events")
+        last = m["run_id"].iloc[-1]
+        return m[(m["run_id"] == last) & (m["kind"] == "val")]["loss"].tolist(), e[e["run_id"] == last]
+    resumed, events = finals(tmp_path / "l.db")
+    baseline, _ = finals(tmp_path / "w.db")
+    assert "resumed" in set(events["event"]) and events[events["event"] == "resumed"]["update_no"].iloc[0] == 4
+    assert resumed == baseline[-len(resumed):], (resumed, baseline)  # update 8's val loss, bit for bit

@@ -457,3 +457,19 @@ def bitfit(**kw):
 
     w.build_model = build_model
     return w
+
+
+def interrupt_once(marker: str, at_index: int = 5, **kw):
+    """A gpt whose training batch `at_index` raises KeyboardInterrupt (as Ctrl-C or a SIGTERM turned into one
+    does) the first time only: the marker file says it happened."""
+    w = _Wrapped(**kw)
+    make = w.make_batch
+
+    def make_batch(split, index, micro_batch, seq_len):
+        if split == "train" and index == at_index and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise KeyboardInterrupt
+        return make(split, index, micro_batch, seq_len)
+
+    w.make_batch = make_batch
+    return w
