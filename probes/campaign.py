@@ -52,7 +52,7 @@ def code_revision(source: str | Path | None = None) -> str:
     sha256 of the workload's source file, else 'builtin' for rentplan's own workloads."""
     if source is None:
         return "builtin (rentplan " + _own_version() + ")"
-    src = Path(source)
+    src = Path(source).resolve()  # as local_modules names the files: `rentplan-out/../wl.py` is `wl.py`
     folder = src if src.is_dir() else src.parent
     where = f"no git repository at {folder}"
     try:

@@ -11,7 +11,6 @@ import importlib.util
 import inspect
 import os
 import sys
-import sysconfig
 import zlib
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from planner.errors import WorkloadError
 
 REQUIRED = ("name", "build_model", "make_batch", "compute_loss")
-OWN_PACKAGES = {"planner", "probes"}
+from planner.tools.modules import OWN_PACKAGES, _installed, local_modules  # noqa: F401  (re-exported)
 
 
 def _builtin(name: str):
@@ -80,25 +79,6 @@ def _import_file(target: str, ref: str):
     return module
 
 
-def local_modules(source: str | Path) -> list[Path]:
-    """The workload file and every module it imports, directly or through each other, from files under its
-    folder (what travels with it: the modules beside it, their packages), found by reading the files (modulefinder
-    on that folder alone, so nothing is imported and torch's own files are never read); the file first."""
-    import modulefinder
-
-    src = Path(source).resolve()
-    folder = src.parent
-    finder = modulefinder.ModuleFinder(path=[str(folder)])
-    try:
-        finder.run_script(str(src))
-    except (SyntaxError, ImportError, OSError, ValueError):
-        return [src]  # unreadable as Python: the file itself is what there is
-    found = {Path(m.__file__).resolve() for name, m in finder.modules.items()
-             if m.__file__ and name.split(".")[0] not in OWN_PACKAGES}  # rentplan's own code is not the user's
-    found = {p for p in found if p.suffix == ".py" and p.is_relative_to(folder) and not _installed(str(p))}
-    return [src] + sorted(found - {src})
-
-
 def _refuse_foreign(target: str, ref: str) -> None:
     top = target.split(".")[0]
     if top in sys.stdlib_module_names:
@@ -121,14 +101,6 @@ def _import_module(target: str, ref: str):
         raise WorkloadError(f"workload {ref!r} names {target!r}, an installed package ({found.origin}): a workload "
                             "must be a function or class in your own file or module, not a library's.")
     return _run_import(lambda: importlib.import_module(target), target)
-
-
-def _installed(origin: str) -> bool:
-    """Under site-packages / dist-packages or the interpreter's own library: someone else's code."""
-    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    real = os.path.realpath(origin)
-    return any(real.startswith(os.path.realpath(p) + os.sep) for p in paths) or \
-        any(part in ("site-packages", "dist-packages") for part in Path(real).parts)
 
 
 class _ExitAtImport(BaseException):

@@ -429,3 +429,16 @@ def test_spec_keys_that_nothing_reads_are_refused_by_name(tmp_path):
     assert "headroom: headroom is an option of plan (--headroom 0.1)" in r.output
     assert "notes: notes are not read from a spec" in r.output
     assert "colour: unknown key" in r.output  # every problem at once
+
+
+def test_code_revision_of_a_workload_named_through_dotdot_covers_its_modules(tmp_path):
+    """A fresh-clone user (#44): the order's campaign names the workload `../denoise.py` (order-campaign.yaml sits in
+    rentplan-out/), and a workload that imports a module beside it crashed campaign run on the rented machine
+    ("'.../denoise.py' is not in the subpath of '.../rentplan-out/..'")."""
+    from probes.campaign import code_revision
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "mylayers.py").write_text("X = 1\n")
+    (tmp_path / "denoise.py").write_text("from mylayers import X\n")
+    rev = code_revision(tmp_path / "out" / ".." / "denoise.py")
+    assert "over 2 files: denoise.py, mylayers.py" in rev, rev

@@ -445,3 +445,28 @@ def test_a_launch_folder_holding_keys_gets_no_sky_yaml(tmp_path, monkeypatch, he
     r = plan_in(root, monkeypatch)
     assert r.exit_code == 0 and (root / "o" / "order.json").exists() and not (root / "o" / "sky.yaml").exists()
     assert f"holds {held}" in r.output and "no sky.yaml" in r.output, r.output
+
+
+def test_a_workload_outside_the_launch_folder_travels_with_its_subpackages(tmp_path, monkeypatch):
+    """A fresh-clone user (#44): a workload in another folder importing `from pkg.acts import ACT` got sky.yaml
+    mounts of its .py siblings only, and on the machine: ModuleNotFoundError: No module named 'pkg'."""
+    root = user_project(tmp_path / "p")
+    elsewhere = tmp_path / "gitproj"
+    (elsewhere / "pkg").mkdir(parents=True)
+    (elsewhere / "pkg" / "__init__.py").write_text("")
+    (elsewhere / "pkg" / "acts.py").write_text("ACT = 'relu'\n")
+    (elsewhere / "wl.py").write_text("from pkg.acts import ACT\n" + WORKLOAD)
+    spec = yaml.safe_load((root / "campaign.yaml").read_text())
+    spec["workload"] = f"{elsewhere}/wl.py:make"
+    (root / "campaign.yaml").write_text(yaml.safe_dump(spec))
+    import sqlite3
+
+    with sqlite3.connect(root / "rentplan.db") as db:
+        db.execute("UPDATE lines SET workload = ?", (f"{elsewhere}/wl.py:make",))
+    r = plan_in(root, monkeypatch)
+    assert r.exit_code == 0, r.output
+    mounts = mounts_of(root / "o" / "sky.yaml")
+    wl = next(k for k, v in mounts.items() if v == str(elsewhere / "wl.py"))
+    base = wl.rsplit("/", 1)[0]
+    assert mounts.get(f"{base}/pkg/acts.py") == str(elsewhere / "pkg" / "acts.py"), mounts
+    assert mounts.get(f"{base}/pkg/__init__.py") == str(elsewhere / "pkg" / "__init__.py"), mounts

@@ -113,6 +113,17 @@ class Layout:
             self._add(rel, Path(os.path.realpath(path)) if path.is_symlink() else path, what)
         return rel
 
+    def place_at(self, local: Path, rel: str, what: str) -> None:
+        """Mount a file rentplan found at a given place (a module at its path beside the workload), under the same
+        rules as place(found=True)."""
+        if rel in self.mounts or self._ignored(local) or self._ignored(Path(os.path.realpath(local))):
+            return
+        self._check_link(local, [self.root.resolve(), local.parent.resolve()], what)
+        why = launch_path_problem(rel)
+        if why:
+            raise Unmountable(f"{what} {rel}: {why}. Rename it")
+        self._add(rel, Path(os.path.realpath(local)), what)
+
     def reserve(self, local: str | Path, what: str) -> str:
         """A file this plan is about to write (order.json, the campaign as ordered): rentplan's own, so where its
         name cannot travel it lands under a safe one."""
@@ -225,7 +236,15 @@ def place_workload(ref: str, base_dir: str, layout: Layout, folder: str) -> str:
         for sibling in sorted(path.parent.glob("*.py")) if path.is_file() else []:
             if sibling != path:
                 layout.place(sibling, "a module beside the workload file", found=True)
-        return f"{_relative_to(layout.place(path, 'the workload file'), folder)}:{func}"
+        rel = layout.place(path, "the workload file")
+        if path.is_file():  # and every module it imports from its folder's subpackages, where it will look for them
+            from planner.tools.modules import local_modules
+
+            here = path.resolve().parent
+            for f in local_modules(path)[1:]:
+                layout.place_at(f, posixpath.join(posixpath.dirname(rel), f.relative_to(here).as_posix()),
+                                "a module the workload imports")
+        return f"{_relative_to(rel, folder)}:{func}"
     if sep:  # package.module:function: found on the machine through the working folder (on PYTHONPATH there)
         place_module(target, layout)
     return ref
