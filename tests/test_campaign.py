@@ -176,6 +176,7 @@ def test_the_report_reads_at_1200_px_with_short_ids_linear_axes_and_one_legend(c
     assert layout_problems(page, tmp_path, 1200, max_cell_lines=6) == []
 
 
+@pytest.mark.slow  # Chromium at two widths: make test-slow and CI
 @pytest.mark.parametrize("width", [800, 1400])
 def test_the_report_reads_at_800_and_1400_px_with_nothing_cut(campaign_dir, tmp_path, width):
     """Issue 44: the report of a campaign was 1,077 px wide in an 800 px window. Measured by the page itself in

@@ -249,8 +249,9 @@ def mounts_of(sky: Path) -> dict:
     return yaml.safe_load(sky.read_text())["file_mounts"]
 
 
-@pytest.mark.parametrize("name, target", [("passwd.py", "etc/passwd"), ("id_rsa.py", "home/.ssh/id_rsa"),
-                                          ("ssh.py", "home/.ssh")])
+@pytest.mark.parametrize("name, target", [("passwd.py", "etc/passwd"),
+                                          pytest.param("id_rsa.py", "home/.ssh/id_rsa", marks=pytest.mark.slow),
+                                          pytest.param("ssh.py", "home/.ssh", marks=pytest.mark.slow)])
 def test_a_link_beside_the_workload_out_of_the_launch_folder_is_refused_by_name(tmp_path, monkeypatch, name, target):
     """User: `wl/passwd.py -> /etc/passwd` and `wl/id_rsa.py -> ~/.ssh/id_rsa` beside the workload ended up,
     contents and all, in SkyPilot's upload; a linked folder `wl/ssh.py -> ~/.ssh` had each file mounted."""
@@ -267,6 +268,7 @@ def test_a_link_beside_the_workload_out_of_the_launch_folder_is_refused_by_name(
     assert not (root / "o").exists()
 
 
+@pytest.mark.slow  # a plan per case: make test-slow and CI
 def test_a_name_skyignore_lists_is_not_added_even_a_linked_folder(tmp_path, monkeypatch):
     """.skyignore is the user's word on what leaves the machine: rentplan adds no sibling it names (and, with it
     named, a linked folder beside the workload is no error)."""
@@ -312,6 +314,7 @@ def hf_project(tmp_path: Path, snap_parent: Path, weights_bytes: int) -> tuple[P
     return root, snap
 
 
+@pytest.mark.slow  # a plan per case: make test-slow and CI
 @pytest.mark.parametrize("where", ["inside", "home cache"])
 def test_a_hugging_face_cache_snapshot_is_mounted_through_its_links_and_counted_on_the_disk(tmp_path, monkeypatch,
                                                                                            where):
@@ -332,6 +335,7 @@ def test_a_hugging_face_cache_snapshot_is_mounted_through_its_links_and_counted_
     assert "uploads 46.57 GiB" in text and "model.safetensors\" 46.57 GiB" in text, text
 
 
+@pytest.mark.slow  # a plan per case: make test-slow and CI
 @pytest.mark.parametrize("bad", ["tokenizer.json -> /etc", "sub -> folder"])
 def test_a_link_in_a_cache_snapshot_that_leaves_its_entry_is_refused(tmp_path, monkeypatch, bad):
     root, snap = hf_project(tmp_path, tmp_path / "cache", 1000)
@@ -349,6 +353,7 @@ def test_a_link_in_a_cache_snapshot_that_leaves_its_entry_is_refused(tmp_path, m
     assert not (root / "o").exists()
 
 
+@pytest.mark.slow  # a plan per case: make test-slow and CI
 def test_a_huge_sibling_counts_on_the_disk(tmp_path, monkeypatch):
     """User: a 300 GB sibling of the workload was mounted with disk_size: 101."""
     root = user_project(tmp_path / "p")
@@ -361,6 +366,7 @@ def test_a_huge_sibling_counts_on_the_disk(tmp_path, monkeypatch):
     assert "\"private/big_table.py\" 279.40 GiB" in text
 
 
+@pytest.mark.slow  # a plan per case: make test-slow and CI
 @pytest.mark.parametrize("sibling", ["my notes.py", "café.py"])
 def test_a_sibling_sky_yaml_cannot_name_leaves_only_sky_yaml_out(tmp_path, monkeypatch, sibling):
     """User: a sibling named `my notes.py` or `café.py` refused the whole plan. The sheet, the plans and the order
@@ -401,6 +407,7 @@ def test_an_out_folder_a_shell_would_read_leaves_only_sky_yaml_out(tmp_path, mon
     assert "no sky.yaml" in r.output and not (root / "PWNED").exists()
 
 
+@pytest.mark.slow  # a plan per case: make test-slow and CI
 def test_the_rentplan_source_passes_the_same_checks(tmp_path, monkeypatch):
     """User: a rentplan checkout under `x$(touch SRC_PWNED) q` went into file_mounts unchecked."""
     src = tmp_path / "x$(touch SRC_PWNED) q"
@@ -435,6 +442,7 @@ def test_what_rentplan_adds_is_only_what_it_means_to(tmp_path, monkeypatch):
     assert "~/rentplan (this rentplan's source" in text  # listed with its size, and counted in the disk
 
 
+@pytest.mark.slow  # a plan per case: make test-slow and CI
 @pytest.mark.parametrize("held", [".ssh", ".aws"])
 def test_a_launch_folder_holding_keys_gets_no_sky_yaml(tmp_path, monkeypatch, held):
     """Planning from a home folder: sky.yaml's workdir (the launch folder, uploaded whole) would carry ~/.ssh and
@@ -447,6 +455,7 @@ def test_a_launch_folder_holding_keys_gets_no_sky_yaml(tmp_path, monkeypatch, he
     assert f"holds {held}" in r.output and "no sky.yaml" in r.output, r.output
 
 
+@pytest.mark.slow  # a plan per case: make test-slow and CI
 def test_a_workload_outside_the_launch_folder_travels_with_its_subpackages(tmp_path, monkeypatch):
     """A fresh-clone user (#44): a workload in another folder importing `from pkg.acts import ACT` got sky.yaml
     mounts of its .py siblings only, and on the machine: ModuleNotFoundError: No module named 'pkg'."""

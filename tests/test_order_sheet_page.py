@@ -65,6 +65,7 @@ def test_page_loads_in_headless_chromium_with_every_picture(page, tmp_path):
         Path(os.environ["RENTPLAN_SCREENSHOT"]).write_bytes(shot.read_bytes())
 
 
+@pytest.mark.slow  # Chromium at two widths: make test-slow and CI
 @pytest.mark.parametrize("width", [800, 1400])
 def test_the_sheet_reads_at_800_and_1400_px_with_nothing_cut(page, tmp_path, width):
     """Issue 44: at 1,400 px the selection's GPU column was cut ("rtx_6000_ad") and "Where the numbers came from"

@@ -189,7 +189,7 @@ def test_an_order_with_a_key_twice_or_a_bent_provenance_is_refused(order):
     written = order.read_text()
     twice = written.replace('"torch_build": "cuda"', '"torch_build": "cuda", "torch_build": "cpu"')
     assert twice != written
-    for text, says in ((twice, "the key 'torch_build' is given twice"),
+    for text, says in ((twice, "duplicate key 'torch_build'"),
                        (written.replace('"mode":', '"modee":'), "provenance[0].modee: unknown key"),
                        (written.replace('"region": null', '"region": "us-east-1; rm -rf ~"'), "offer.region")):
         order.write_text(text)

@@ -134,7 +134,8 @@ class _JsonRefused(ValueError):
     pass
 
 
-def _json_pairs(pairs: list) -> dict:
+def no_duplicate_keys(pairs: list) -> dict:
+    """json's object_pairs_hook: a key given twice is refused (json's last-one-wins would let an edit hide a value)."""
     out: dict = {}
     for key, value in pairs:
         if key in out:
@@ -154,7 +155,7 @@ def _load_json(text: str, source: str) -> Any:
     import json
 
     try:
-        return json.loads(text, object_pairs_hook=_json_pairs, parse_constant=_json_constant)
+        return json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=_json_constant)
     except _JsonRefused as e:
         raise InputError(f"{source} is not valid YAML: {e}") from None
     except json.JSONDecodeError:

@@ -17,7 +17,7 @@ import pandas as pd
 from planner.errors import InputError
 from planner.records import OPTIMIZERS, PRECISIONS
 from planner.inputs.schema import order_models, validate
-from planner.inputs.yamlsafe import Problems
+from planner.inputs.yamlsafe import Problems, no_duplicate_keys
 
 FORMAT = "rentplan-order/1"
 DEVICE_KINDS = ("cuda", "rocm", "cpu")
@@ -177,23 +177,12 @@ def local_order(campaign, result, headroom: float) -> dict:
     return order_document(campaign, row, expect, fam.lines, headroom)
 
 
-def _no_duplicates(pairs: list) -> dict:
-    """A key given twice (`"torch_build": "cuda", "torch_build": "cpu"`) is refused, as in every other file
-    rentplan reads: json's last-one-wins would let an edit hide a check."""
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"the key {key!r} is given twice")
-        out[key] = value
-    return out
-
-
 def load_order(path: str | Path) -> dict:
     p = Path(path)
     try:
         if p.stat().st_size > MAX_ORDER_BYTES:
             raise InputError(f"{p} is over {MAX_ORDER_BYTES >> 20} MiB: not an order.json.")
-        order = json.loads(p.read_bytes().decode("utf-8"), object_pairs_hook=_no_duplicates)
+        order = json.loads(p.read_bytes().decode("utf-8"), object_pairs_hook=no_duplicate_keys)  # a key twice: refused
     except (OSError, ValueError) as e:  # ValueError covers bad JSON and bad UTF-8 (and a key given twice)
         raise InputError(f"{p} is not a readable order.json ({e}). Make one with `rentplan plan --out DIR`.") \
             from None
