@@ -41,7 +41,7 @@ def attack(args, inputs=(), code=1, says=None, cwd=None):
 
 CODE_REFS = [
     ("os:system", "standard library"),
-    ("subprocess:run", "standard library"),
+    pytest.param("subprocess:run", "standard library", marks=pytest.mark.slow),  # 6 s: its own process
     ("builtins:eval", "standard library"),
     ("pandas:read_pickle", "installed package"),
     ("yaml:load", "installed package"),
@@ -73,6 +73,7 @@ def test_a_workload_that_exits_at_import_gets_an_error(tmp_path):
     attack(["inspect", "-w", f"{tmp_path / 'wl.py'}:make"], says="sys.exit")
 
 
+@pytest.mark.slow  # a process per case
 @pytest.mark.parametrize("code", ["import os\nos._exit(0)\n", "from os import _exit\n_exit(5)\n"])
 def test_a_workload_that_calls_os_exit_at_import_gets_an_error_not_a_silent_end(tmp_path, code):
     """os._exit skips every handler: without a guard, `inspect` (which imports the workload itself) ended with

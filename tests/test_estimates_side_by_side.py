@@ -32,6 +32,7 @@ def figures(ledger):
     return df[cols].sort_values(["config_key", "phase"]).reset_index(drop=True)
 
 
+@pytest.mark.slow  # estimates in workers
 def test_estimates_side_by_side_meet_and_write_what_one_at_a_time_writes(tmp_path):
     folder = tmp_path / "meet"
     folder.mkdir()

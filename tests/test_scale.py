@@ -70,6 +70,7 @@ def test_the_sheet_keeps_the_cheapest_offer_per_market_and_all_offers_writes_the
     assert not (tmp_path / "out" / "selection-all.csv").exists()
 
 
+@pytest.mark.slow  # a grown catalog planned
 def test_an_ordered_dearer_offer_stays_on_the_sheet(tmp_path):
     catalog, _ = grown_catalog(tmp_path / "big.yaml")
     sheet = plan(tmp_path, catalog, "--offer", "vast-rtx_4090-1x-eu-west-1-2")
@@ -108,6 +109,7 @@ def test_stars_and_ampersands_inside_values_are_not_aliases():
         "a": "H100* & more", "b": "https://x?a=1&b=2"}
 
 
+@pytest.mark.slow  # a grown catalog planned
 def test_catalog_import_writes_a_json_catalog_that_validates_and_plans(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "vms.csv").write_text("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,"

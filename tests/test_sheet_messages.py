@@ -76,6 +76,7 @@ def test_a_cap_below_the_weights_says_what_to_do(tmp_path, monkeypatch):
     assert r.exit_code == 1 and "(micro-batch 1 ended oom)" in r.output and "(1, 'oom')" not in r.output
 
 
+@pytest.mark.slow  # a plan per hostile name
 def test_names_cannot_break_the_markdown_sheet(tmp_path, monkeypatch):
     import yaml
 

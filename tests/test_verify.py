@@ -22,15 +22,32 @@ pathlib.Path("IMPORTED").write_text("the workload's top level ran")
 '''
 
 
-@pytest.fixture
-def order(tmp_path, monkeypatch):
-    root = user_project(tmp_path / "p")
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """The user's project, planned once for the module (each test gets its own copy: they edit the order)."""
+    import os
+
+    root = user_project(tmp_path_factory.mktemp("verify") / "p")
     wl = root / "private" / "wl.py"
     wl.write_text(MARKER + wl.read_text())
-    monkeypatch.chdir(root)
-    r = CliRunner().invoke(cli, ["plan", "--campaign", "campaign.yaml", "--ledger", "rentplan.db", "--out", "o",
-                                 "--offer", "vast-rtx_4090-1x"])
+    here = os.getcwd()
+    os.chdir(root)
+    try:
+        r = CliRunner().invoke(cli, ["plan", "--campaign", "campaign.yaml", "--ledger", "rentplan.db", "--out", "o",
+                                     "--offer", "vast-rtx_4090-1x"])
+    finally:
+        os.chdir(here)
     assert r.exit_code == 0, r.output
+    return root
+
+
+@pytest.fixture
+def order(planned, tmp_path, monkeypatch):
+    import shutil
+
+    root = tmp_path / "p"
+    shutil.copytree(planned, root, symlinks=True)
+    monkeypatch.chdir(root)
     return root / "o" / "order.json"
 
 
