@@ -232,7 +232,9 @@ class Ledger:
             with self.db:
                 yield
         except sqlite3.OperationalError as e:
-            reason = storage_problem(self.path.parent) or str(e)
+            reason = storage_problem(self.path.parent) or (str(e) if "full" in str(e) or "readonly" in str(e) else "")
+            if not reason:  # not the disk (a lock held too long, say): the error as it is
+                raise
             raise LedgerFull(f"the ledger {self.path} cannot take another row: {reason}. Every row written before is "
                              f"kept; {advice(reason)} (--ledger PATH), then run the same command again.") from None
 

@@ -7,7 +7,6 @@ import os
 import shutil
 import tempfile
 import contextlib
-from contextlib import contextmanager
 from pathlib import Path
 
 FULL_BELOW_BYTES = 1 << 20  # less than this free is a full disk for a ledger line or a checkpoint
@@ -86,14 +85,13 @@ def write_all(files: dict[Path, str | bytes | None]) -> None:
             path.unlink(missing_ok=True)
 
 
-@contextmanager
+@contextlib.contextmanager
 def made_or_nothing(folder: Path):
     """A folder the command makes for its outputs goes again when the command fails: everything in it is the
     command's own, half written. A folder that existed before is left as it is (its files are replaced whole)."""
     folder = Path(folder).absolute()
-    first_new = None
-    while not folder.exists() and folder != folder.parent:
-        first_new, folder = folder, folder.parent
+    there = nearest_existing(folder)
+    first_new = next((p for p in [folder, *folder.parents] if p.parent == there), None) if folder != there else None
     try:
         yield
     except BaseException:

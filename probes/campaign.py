@@ -31,7 +31,7 @@ from planner.inputs.campaign_spec import (KEPT_CHECKPOINTS, Campaign, Variant, j
                                           resolve_workload)
 from planner.errors import CampaignError
 from planner.ledger import LedgerFull, Ledger, holding, new_id
-from planner.storage import advice, nearest_existing, storage_problem
+from planner.storage import advice, made_or_nothing, storage_problem
 from planner.records import ProbeConfig
 from probes import checkpoint
 from probes.loop import NonFinite, Trainer
@@ -222,16 +222,9 @@ def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: st
     run_dir = Path(out_dir) / run_id
     inputs, src = {}, workload_source(cfg.workload)
     if rank == 0:
-        there = nearest_existing(run_dir)
-        run_dir.mkdir(parents=True)
-        try:
+        with made_or_nothing(run_dir):  # a disk that fills here leaves no half-made folder (the run's, or --out's)
+            run_dir.mkdir(parents=True)
             inputs = snapshot_inputs(campaign, cfg, run_dir)
-        except OSError:  # a disk that fills here leaves no half-made folder behind (the run's, or --out's)
-            first_made = run_dir.absolute()
-            while first_made.parent != there:
-                first_made = first_made.parent
-            shutil.rmtree(first_made, ignore_errors=True)
-            raise
     else:
         progress = _quiet
     with (Ledger(ledger_path) if rank == 0 else _OtherRank(rank, run_id)) as led:

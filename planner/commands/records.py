@@ -184,7 +184,7 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
     if note:
         progress(f"note: {note}")
     from planner.inputs.catalog import parse_catalog
-    from planner.outputs.render import atomic_write
+    from planner.storage import atomic_write
     from planner.inputs.yamlsafe import load_yaml_text
 
     parse_catalog(load_yaml_text(text, str(out_path), MAX_CATALOG_BYTES), str(out_path))  # the merged catalog validates first ...

@@ -65,7 +65,7 @@ def source_problem(path: Path | str, what: str) -> None:
 
 
 def _inside(path: Path, folders) -> bool:
-    return any(path == f or path.is_relative_to(f) for f in folders)
+    return any(path.is_relative_to(f) for f in folders)
 
 
 def _own_tree(folder: Path) -> Path:
@@ -98,8 +98,8 @@ class Layout:
         sibling), the user did not name it; such a file that .skyignore lists is left home (None)."""
         path = Path(os.path.abspath(local))
         if found:
-            if self._ignored(path) or self._ignored(Path(os.path.realpath(path))):
-                return None  # by its name or by what it links to: .skyignore is the user's word on what stays home
+            if self._ignored(path):
+                return None  # .skyignore is the user's word on what stays home
             self._check_link(path, [self.root.resolve(), path.parent.resolve()], what)
             if not path.is_file():  # a folder named x.py, a FIFO: not a module beside the workload
                 return None
@@ -109,20 +109,20 @@ class Layout:
         rel = self._target(path, what)
         if path.is_dir():
             self._folder(path, rel, what)
-        else:  # a link travels as the file it names (SkyPilot would copy a link as a link)
-            self._add(rel, Path(os.path.realpath(path)) if path.is_symlink() else path, what)
+        else:
+            self._add(rel, path, what)
         return rel
 
     def place_at(self, local: Path, rel: str, what: str) -> None:
         """Mount a file rentplan found at a given place (a module at its path beside the workload), under the same
         rules as place(found=True)."""
-        if rel in self.mounts or self._ignored(local) or self._ignored(Path(os.path.realpath(local))):
+        if rel in self.mounts or self._ignored(local):
             return
         self._check_link(local, [self.root.resolve(), local.parent.resolve()], what)
         why = launch_path_problem(rel)
         if why:
             raise Unmountable(f"{what} {rel}: {why}. Rename it")
-        self._add(rel, Path(os.path.realpath(local)), what)
+        self._add(rel, local, what)
 
     def reserve(self, local: str | Path, what: str) -> str:
         """A file this plan is about to write (order.json, the campaign as ordered): rentplan's own, so where its
@@ -139,6 +139,9 @@ class Layout:
         return rel
 
     def _add(self, rel: str, path: Path, what: str) -> None:
+        """Mount one file at rel: a link travels as the file it names (SkyPilot would copy a link as a link)."""
+        if path.is_symlink():
+            path = Path(os.path.realpath(path))
         source_problem(path, what)
         self.mounts[rel] = self._source(path)
         self.sizes[rel] = path.stat().st_size
@@ -160,12 +163,10 @@ class Layout:
         tree, files = [self.root.resolve(), _own_tree(path)], []
         for top, dirs, names in os.walk(path):
             for d in dirs:
-                if os.path.islink(os.path.join(top, d)) and not self._ignored(Path(top) / d):
-                    raise InputError(f"{what}: {Path(top, d)} links to a folder ({os.path.realpath(Path(top, d))}): "
-                                     "rentplan walks no linked folder. Copy its files in, or list it in .skyignore.")
+                if not self._ignored(Path(top, d)):
+                    self._check_link(Path(top, d), tree, what)  # a linked folder is refused, never walked
             dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not os.path.islink(os.path.join(top, d)))
-            files += [Path(top) / n for n in sorted(names) if not self._ignored(Path(top) / n)
-                      and not self._ignored(Path(os.path.realpath(Path(top) / n)))]
+            files += [Path(top) / n for n in sorted(names) if not self._ignored(Path(top) / n)]
             if len(files) > MAX_FILES:
                 raise InputError(f"{what} {path} holds more than {MAX_FILES} files: mount it yourself (a SkyPilot "
                                  "storage mount) and name its path on the machine.")
@@ -177,7 +178,7 @@ class Layout:
             why = launch_path_problem(sub)
             if why:
                 raise Unmountable(f"{what}: {sub}: {why}. Rename it")
-            self._add(sub, Path(os.path.realpath(f)) if f.is_symlink() else f, what)
+            self._add(sub, f, what)
 
     def _check_link(self, path: Path, allowed: list[Path], what: str) -> None:
         if not path.is_symlink():
@@ -191,18 +192,17 @@ class Layout:
                              "it sits in: sky.yaml would upload that file. Remove the link, or list it in .skyignore.")
 
     def _ignored(self, path: Path) -> bool:
-        """Whether the launch folder's .skyignore lists `path` (gitignore patterns, as SkyPilot reads them)."""
+        """Whether the launch folder's .skyignore lists `path`, by its name or, for a link, by the file it names
+        (gitignore patterns, as SkyPilot reads them)."""
         if self._ignore is None:
             import pathspec
 
             f = self.root / ".skyignore"
             lines = f.read_text(encoding="utf-8", errors="replace").splitlines() if f.is_file() else []
             self._ignore = pathspec.GitIgnoreSpec.from_lines(lines)
-        try:
-            rel = path.relative_to(self.root).as_posix()
-        except ValueError:
-            return False
-        return self._ignore.match_file(rel) or (path.is_dir() and self._ignore.match_file(rel + "/"))
+        return any(self._ignore.match_file(rel) or (p.is_dir() and self._ignore.match_file(rel + "/"))
+                   for p, root in ((path, self.root), (Path(os.path.realpath(path)), self.root.resolve()))
+                   if p.is_relative_to(root) and (rel := p.relative_to(root).as_posix()))
 
     def _source(self, path: Path) -> str:
         """As sky reads it from the launch folder: './rel' inside it (a leading '~' or '-' stays a name), else the

@@ -24,7 +24,7 @@ from planner.decisions.plans import nothing_to_order, ordered, recommend, window
 from planner.decisions.select import NO_FIT
 from planner.decisions.shapes import input_kind_of
 from planner.shapes import dimension_words, size_text
-from planner.storage import atomic_write, made_or_nothing, write_all
+from planner.storage import made_or_nothing, write_all
 from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
 
 _ENV: jinja2.Environment | None = None

@@ -74,9 +74,9 @@ def disk_basis(checkpoint_bytes: int | None, export_bytes: int | None, runs: int
     total = sum(uploads.values())
     size = lambda b: fmt_bytes(b) if b else "not measured"  # noqa: E731
     lines = [f"# disk_size {disk_gb(checkpoint_bytes, export_bytes, runs, total)} GB = {MIN_DISK_GB} GB floor "
-             f"(environment, data) + uploads {fmt_bytes(total)} + {runs} run(s) × ({ON_DISK} checkpoints ({KEPT_CHECKPOINTS} "
-             f"kept and the one being written) × {size(checkpoint_bytes)} + export {size(export_bytes)}), rounded up "
-             "to whole GiB"]
+             f"(environment, data) + uploads {fmt_bytes(total)} + {runs} run(s) × ({ON_DISK} checkpoints "
+             f"({KEPT_CHECKPOINTS} kept and the one being written) × {size(checkpoint_bytes)} + export "
+             f"{size(export_bytes)}), rounded up to whole GiB"]
     if uploads:
         lines.append(f"# uploaded besides the workdir ({len(uploads)} files, {fmt_bytes(total)}; file_mounts below):")
         biggest = sorted(uploads.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -149,14 +149,15 @@ def uploads(launch: Launch, rentplan_source: str | None) -> dict[str, int]:
 
 
 def sky_task(order: dict, launch: Launch, checkpoint_bytes: int | None = None, export_bytes: int | None = None,
-             rentplan_source: str | None = None, runs: int = 1) -> dict:
-    """The SkyPilot task for an order (local paths relative to the launch folder, where `sky launch` runs)."""
+             rentplan_source: str | None = None, runs: int = 1, sent: dict[str, int] | None = None) -> dict:
+    """The SkyPilot task for an order (local paths relative to the launch folder, where `sky launch` runs); sent:
+    the uploads with their bytes (uploads(), counted once by sky_yaml for the disk and its comment)."""
+    sent = uploads(launch, rentplan_source) if sent is None else sent
     offer, expect = order["offer"], order["expect"]
     gpu = expect["gpu_id"]
     resources: dict = {"accelerators": f"{ACCELERATORS.get(gpu, str(gpu).upper())}:{int(offer['gpus_per_instance'])}",
                        "use_spot": bool(offer.get("spot", False)),
-                       "disk_size": disk_gb(checkpoint_bytes, export_bytes, runs,
-                                            sum(uploads(launch, rentplan_source).values()))}
+                       "disk_size": disk_gb(checkpoint_bytes, export_bytes, runs, sum(sent.values()))}
     cloud = CLOUDS.get(str(offer.get("provider", "")).lower())
     if cloud:
         resources["cloud"] = cloud
@@ -180,7 +181,8 @@ def sky_task(order: dict, launch: Launch, checkpoint_bytes: int | None = None, e
 
 def sky_yaml(order: dict, launch: Launch, checkpoint_bytes: int | None = None, export_bytes: int | None = None,
              rentplan_source: str | None = None, runs: int = 1) -> str:
-    task = sky_task(order, launch, checkpoint_bytes, export_bytes, rentplan_source, runs)
+    sent = uploads(launch, rentplan_source)  # the source's folders walked once
+    task = sky_task(order, launch, checkpoint_bytes, export_bytes, rentplan_source, runs, sent)
     # names in the comment as JSON strings (ASCII, escaped): nothing in them can end the comment line
     decision = order.get("decision") or {}
     chosen = ("; chosen with --offer, rentplan recommends " + json.dumps(str(decision.get("recommended")))
@@ -188,7 +190,7 @@ def sky_yaml(order: dict, launch: Launch, checkpoint_bytes: int | None = None, e
     head = (f"# SkyPilot task for the rentplan order of {json.dumps(str(order['campaign']))} "
             f"(offer {json.dumps(str(order['offer']['id']))}{chosen}).\n"
             "# Launch from the folder rentplan plan ran in: sky launch -c rentplan THIS_FILE\n"
-            + disk_basis(checkpoint_bytes, export_bytes, runs, uploads(launch, rentplan_source)))
+            + disk_basis(checkpoint_bytes, export_bytes, runs, sent))
     return head + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=1000, allow_unicode=False)
 
 
