@@ -8,8 +8,9 @@
 
 On a CPU the real probes take this machine's own memory, whatever the cap: before each one the search reads
 MemAvailable and stops short of a size that the growth measured so far (peak RSS above the worker's setup ÷ the
-modelled need, and the line through the last two sizes) predicts past it; the answer says the host bounded it. One Ctrl-C or SIGTERM ends the
-whole search (exit 130): the lines measured so far stay in the ledger.
+modelled need, and the line through the last two sizes) predicts past it; the answer says the host bounded it.
+Before any real probe that growth is unknown and the smallest size is always tried: its probe measures what a
+worker holds. One Ctrl-C or SIGTERM ends the whole search (exit 130): the lines measured so far stay in the ledger.
 """
 
 from __future__ import annotations
@@ -202,6 +203,13 @@ def _find_max(spec: GridSpec, dimension: str, ledger: str, limit: int, max_real:
             if mid <= lo:
                 break
             lo, hi = (mid, hi) if expected(mid) <= budget else (lo, mid)
+        if lo == 0 and not points:
+            # before any real probe the guess stands on this process's RSS, no measure of a worker's (a long-lived
+            # caller holds far more): the smallest size's probe measures what a worker really holds
+            progress(f"--find: {guess} would need about {fmt_bytes(expected(guess))} of this machine's "
+                     f"{fmt_bytes(available)} available by this process's memory; trying {step} first to measure "
+                     "what a probe holds")
+            return step
         res.host_bound = True
         res.bound = (f"this machine's available memory: {fmt_bytes(available)} (MemAvailable), of which the search "
                      f"lets a probe take {HOST_SHARE:.0%}; {guess} would need about {fmt_bytes(expected(guess))} "
