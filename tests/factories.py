@@ -73,8 +73,8 @@ def campaign_yaml(**kw) -> str:
         "eval": {"every_updates": 50, "examples": 64, "seq_len": 256}, "setup_hours": 1,
         "variants": [{"id": "control", "lr": 1e-4, "priority": 1}, {"id": "lr-half", "lr": 5e-5, "priority": 2}],
     }
-    doc.update(kw)
-    return yaml.safe_dump(doc, sort_keys=False)
+    doc.update(kw)  # a key given as None is left out: the spec's default applies
+    return yaml.safe_dump({k: v for k, v in doc.items() if v is not None}, sort_keys=False)
 
 
 def standard_ledger(path, scale: int = 1) -> str:

@@ -6,13 +6,17 @@ import hashlib
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from planner.cli import cli
+from tests.conftest import ROOT
 from tests.factories import campaign_yaml, standard_ledger
 
 
@@ -95,6 +99,25 @@ def skypilot_csv(path, price="2.5", spot="", encoding="utf-8", extra=""):
     path.write_bytes(("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,SpotPrice,Region\n"
                       f"gpu_1x_h100,H100,1,26,200,{price},{spot},us-east-1\n{extra}").encode(encoding))
     return path
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["probe", "--micro-batch", "1", "--seq-len", "8", "--ledger", "l.db"]])
+@pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
+def test_a_workload_that_forks_at_import_gets_an_error_and_leaves_no_process(tmp_path, command):
+    """User: forky.py forks at import (the child sleeps 120 s): `probe` exited 0 without a word, and the child,
+    a forkserver and a resource tracker outlived it."""
+    marker = tmp_path / "child-ran"
+    (tmp_path / "forky.py").write_text(
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        f"    time.sleep(1.5); open({str(marker)!r}, 'w').close(); os._exit(0)\n"
+        "def tiny():\n    pass\n")
+    r = subprocess.run([sys.executable, "-m", "planner.cli", *command, "-w", "forky.py:tiny"], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "Error:" in out and "os.fork" in out and "Traceback" not in out, out[-800:]
+    time.sleep(2.5)
+    assert not marker.exists(), "a process forked at import outlived the command"
 
 
 def test_catalog_import_validates_before_it_writes(tmp_path):
@@ -546,7 +569,6 @@ def test_a_workload_that_keeps_allocating_past_the_cap_ends_oom_not_timeout(tmp_
     """The user's steps: `probe -w runaway.py:make --cap 300MiB`. The real steady update stops at the cap, but the
     census pass before it (fake tensors) held no cap, so it allocated until the worker's timeout, growing the
     worker's memory all the while. Now the census holds the run's cap: the line says oom, well within the timeout."""
-    import time
     from planner.ledger import Ledger
 
     (tmp_path / "runaway.py").write_text(RUNAWAY)

@@ -11,22 +11,18 @@ from tests.factories import campaign_yaml, standard_ledger
 
 pytest.importorskip("torch")
 
-SPEC = """
-name: lr-comparison
-workload: builtin:gpt
-params: {layers: 1, d_model: 32, heads: 2, vocab: 64}
-seq_len: 32
-effective_batch: 16
-micro_batch: 8
-updates: 200
-eval: {every_updates: 10, examples: 16, seq_len: 32}
-precision: fp32
-stop_if: {nonfinite: true, loss_above: 20}
-variants:
-  - {id: control, lr: 1.0e-4, priority: 1}
-  - {id: lr-half, lr: 5.0e-5, priority: 2}
-  - {id: lr-double, lr: 2.0e-4, priority: 2}
-"""
+VARIANTS = [{"id": "control", "lr": 1.0e-4, "priority": 1}, {"id": "lr-half", "lr": 5.0e-5, "priority": 2},
+            {"id": "lr-double", "lr": 2.0e-4, "priority": 2}]
+
+
+def spec(variants=VARIANTS) -> str:
+    return campaign_yaml(
+        name="lr-comparison", params={"layers": 1, "d_model": 32, "heads": 2, "vocab": 64}, seq_len=32,
+        effective_batch=16, micro_batch=8, updates=200, eval={"every_updates": 10, "examples": 16, "seq_len": 32},
+        precision="fp32", stop_if={"nonfinite": True, "loss_above": 20}, setup_hours=None, variants=variants)
+
+
+SPEC = spec()
 
 
 def run(*args, ok=True):
@@ -89,7 +85,7 @@ def test_seeds_are_reported_as_mean_and_spread(tmp_path):
 
 
 def test_a_variant_that_changes_the_effective_batch_is_refused(tmp_path):
-    bad = SPEC.replace("{id: lr-half, lr: 5.0e-5, priority: 2}", "{id: lr-half, lr: 5.0e-5, effective_batch: 32}")
+    bad = spec([VARIANTS[0], {"id": "lr-half", "lr": 5.0e-5, "effective_batch": 32}, VARIANTS[2]])
     (tmp_path / "c.yaml").write_text(bad)
     r = CliRunner().invoke(cli, ["campaign", "run", str(tmp_path / "c.yaml"), "--ledger", str(tmp_path / "l.db")])
     assert r.exit_code == 1

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from planner.cli import cli
 from planner.ledger import Ledger
+from tests.factories import campaign_yaml
 
 
 def test_a_stale_claim_is_taken_over_even_when_its_pid_is_alive_now(tmp_path):
@@ -22,18 +23,10 @@ def test_a_stale_claim_is_taken_over_even_when_its_pid_is_alive_now(tmp_path):
         assert fresh is not None and fresh["run_id"] == "r-new"  # a fresh claim of a live process stands
 
 
-SPEC = """name: claims
-workload: builtin:gpt
-params: {layers: 1, d_model: 32, heads: 2, vocab: 64}
-seq_len: 16
-effective_batch: 4
-updates: 2
-eval: {every_updates: 1, examples: 4, seq_len: 16}
-precision: fp32
-variants:
-  - {id: a, lr: 0.01}
-  - {id: b, lr: 0.02}
-"""
+SPEC = campaign_yaml(
+    name="claims", params={"layers": 1, "d_model": 32, "heads": 2, "vocab": 64}, seq_len=16, effective_batch=4, updates=2,
+    eval={"every_updates": 1, "examples": 4, "seq_len": 16}, precision="fp32", setup_hours=None,
+    variants=[{"id": "a", "lr": 0.01}, {"id": "b", "lr": 0.02}])
 
 
 @pytest.mark.slow

@@ -12,24 +12,15 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import cli
+from tests.factories import campaign_yaml
 
 pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
 
-SPEC = """name: ddp-test
-workload: builtin:gpt
-params: {layers: 2, d_model: 64, heads: 4, vocab: 256}
-precision: fp32
-optimizer: adamw
-seq_len: 32
-effective_batch: 8
-updates: 4
-eval: {every_updates: 2, examples: 8, seq_len: 32}
-export: model
-setup_hours: 0.1
-variants:
-  - {id: control, lr: 1.0e-3, priority: 1, micro_batch: 4}
-"""
+SPEC = campaign_yaml(
+    name="ddp-test", params={"layers": 2, "d_model": 64, "heads": 4, "vocab": 256}, precision="fp32", optimizer="adamw",
+    seq_len=32, effective_batch=8, updates=4, eval={"every_updates": 2, "examples": 8, "seq_len": 32}, export="model",
+    setup_hours=0.1, variants=[{"id": "control", "lr": 1.0e-3, "priority": 1, "micro_batch": 4}])
 
 
 def campaign(tmp_path, name, launch, extra=()):

@@ -4,7 +4,6 @@ probes/ outside the commands (planning works without torch; probes are reached o
 import ast
 from pathlib import Path
 
-from click.testing import CliRunner
 
 from planner.cli import cli
 
@@ -39,16 +38,3 @@ def test_each_group_of_commands_has_its_own_short_module():
             assert cli.commands[name].callback.__module__ == f"planner.commands.{module}", name
     assert set(cli.commands) == set().union(*GROUPS.values())  # every command belongs to a group
     assert len((ROOT / "cli.py").read_text().splitlines()) < 80
-
-
-def test_every_command_shows_an_example_in_its_help():
-    def walk(group, prefix):
-        for name, cmd in group.commands.items():
-            if hasattr(cmd, "commands"):
-                yield from walk(cmd, prefix + [name])
-            else:
-                yield prefix + [name]
-
-    for path in walk(cli, []):
-        out = CliRunner().invoke(cli, [*path, "--help"]).output
-        assert "Example" in out, " ".join(path)

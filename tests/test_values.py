@@ -10,6 +10,8 @@ import yaml
 from click.testing import CliRunner
 
 from planner.cli import cli
+from planner.errors import InputError
+from planner.inputs.grid import parse_params, resolve_cap
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((ROOT / "catalog.yaml").read_text())
@@ -152,3 +154,53 @@ def test_ascii_digits_in_options_and_a_window_named_twice_is_one(tmp_path, monke
 
     assert r.exit_code == 0 and {p["days"] for p in json.loads(r.output)["plans"]} == {3}
     assert len(json.loads(r.output)["plans"]) == len({p["offer"] for p in json.loads(r.output)["plans"]})
+
+
+# ---------------------------------------------------------------- numbers written with an exponent or 5,000 digits
+
+def test_numbers_with_an_exponent_in_params_are_numbers():
+    """User: `-p width=1e1` reached the workload as the string '1e1' (README: 1e1 counts as a number)."""
+    params = parse_params(["width=1e1", "big=2e9", "lr=1e-4", "name=e1", "ratio=2.5E+2", "text='1e1'"])
+    assert params == {"width": 10, "big": 2_000_000_000, "lr": 1e-4, "name": "e1", "ratio": 250.0, "text": "1e1"}
+    assert type(params["width"]) is int and type(params["lr"]) is float
+    with pytest.raises(InputError, match=r"-p width"):
+        parse_params(["width=1e30"])  # no workload parameter needs it; torch would fail far from here
+    assert parse_params({"width": "1e1"}) == {"width": 10}  # a grid file's params read the same way
+
+
+def test_a_cap_with_an_exponent_is_a_size_and_a_negative_or_endless_one_is_refused_as_a_size():
+    """User: `--cap 1e1GiB` gave "unknown GPU '1e1GiB'"; `--cap -5GiB` and `--cap 1e999GiB` the same."""
+    assert resolve_cap("1e1GiB", None) == ("1e1GiB", 10 * 2**30)
+    for bad in ("-5GiB", "1e999GiB", "1e30GiB"):
+        with pytest.raises(InputError, match=r"--cap") as e:
+            resolve_cap(bad, None)
+        assert "unknown GPU" not in str(e.value)
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_a_5000_digit_integer_in_a_catalog_is_refused_naming_its_line_and_key(tmp_path, fmt):
+    """User: `catalog validate huge_int.yaml` said 'holds a number too long to read' without the field."""
+    import json
+
+    data = yaml.safe_load((ROOT / "catalog.yaml").read_text())
+    data["gpus"][0]["memory_gib_usable"] = "HUGE"
+    text = yaml.safe_dump(data, sort_keys=False) if fmt == "yaml" else json.dumps(data, indent=1)
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if "HUGE" in ln)
+    text = text.replace("'HUGE'", "HUGE").replace('"HUGE"', "HUGE").replace("HUGE", "9" * 5000)
+    path = tmp_path / f"huge.{fmt}"
+    path.write_text(text)
+    r = CliRunner().invoke(cli, ["catalog", "validate", str(path)])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert f"line {line}" in r.output and "memory_gib_usable" in r.output and "5,000 digits" in r.output, r.output
+
+
+def test_a_campaign_specs_params_read_numbers_as_the_flag_does():
+    """`params: {layers: 2e0}` in a spec is 2, as `-p layers=2e0` is; a 30-digit one is refused by its key path."""
+    from planner.errors import CampaignError
+    from planner.inputs.campaign_spec import load_campaign_text
+    from tests.factories import PARAMS, campaign_yaml
+
+    text = campaign_yaml(params={**PARAMS, "layers": "SIZE"})
+    assert load_campaign_text(text.replace("SIZE", "2e0"), "spec.yaml").params["layers"] == 2
+    with pytest.raises(CampaignError, match=r"params\.layers"):
+        load_campaign_text(text.replace("SIZE", "1e30"), "spec.yaml")
