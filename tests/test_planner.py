@@ -240,6 +240,43 @@ def test_the_need_basis_names_the_model_code_its_lines_ran(tmp_path):
         assert all((says in b) if says else ("under " not in b) for b in bases), bases
 
 
+@pytest.mark.slow
+def test_probe_find_then_estimate_then_plan_gives_more_memory_of_one_basis_at_least_the_micro_batch(tmp_path,
+                                                                                                  monkeypatch):
+    """#43, the user's own commands end to end: `probe --find` on this CPU (measured lines and CPU-kernel
+    estimates), `estimate --target a100_80gb,t4` (sm80+ and sm50-75), then `plan`: no GPU gets a larger max
+    micro-batch than a GPU of its kernel family with more usable memory, and T4/V100 are sized from sm50-75."""
+    import json
+
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    shape = ["-w", "builtin:gpt", "-p", "layers=2", "-p", "d_model=128", "-p", "heads=2", "-p", "vocab=1024",
+             "--seq-len", "1024", "--ledger", "l.db"]
+    for args in (["probe", "--find", "max-micro-batch", "--cap", "256MiB", "--device", "cpu", *shape],
+                 ["estimate", "--micro-batch", "1,4,16", "--precision", "fp32", "--target", "a100_80gb,t4", *shape]):
+        r = CliRunner().invoke(cli, args)
+        assert r.exit_code == 0, r.output[-2000:]
+    (tmp_path / "c.yaml").write_text(campaign_yaml(
+        params={"layers": 2, "d_model": 128, "heads": 2, "vocab": 1024}, precision="fp32", seq_len=1024,
+        effective_batch=4096, eval={"every_updates": 50, "examples": 64, "seq_len": 1024}))
+    r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--format", "json"])
+    assert r.exit_code == 0, r.output[-2000:]
+    rows = pd.DataFrame(json.loads(r.stdout)["selection"])
+    rows = rows[rows["software"] == "cuda"].drop_duplicates("gpu").set_index("gpu")
+    assert set(rows.loc[["t4", "v100_16gb", "v100_32gb"], "kernel_basis"]) == {"sm50-75"}
+    assert set(rows.loc[["l4", "a100_40gb", "h100_sxm"], "kernel_basis"]) == {"sm80+"}
+    assert (rows["kernel_basis_note"].fillna("") == "").all()  # every basis had its own lines: none borrowed
+    for basis, g in rows.groupby("kernel_basis"):
+        g = g.sort_values(["usable_bytes", "max_micro_batch"])
+        assert g["max_micro_batch"].is_monotonic_increasing, (basis, g[["usable_bytes", "max_micro_batch"]])
+        assert g["max_micro_batch"].nunique() > 2, g  # sized by memory, not all at the search's limit
+    assert rows.loc["t4", "max_micro_batch"] < rows.loc["l4", "max_micro_batch"]
+    assert rows.loc["v100_32gb", "max_micro_batch"] < rows.loc["a100_40gb", "max_micro_batch"]
+
+
 def kernel_basis_ledger(path, targets: list[str]) -> str:
     """The user's steps in #43: `probe --find` on a CPU (measured lines, the CPU's kernels), then `estimate --target`
     for each of `targets`, all of one workload at the same shapes. Per token the CUDA kernels' estimates hold more
