@@ -6,13 +6,13 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-slow test-all test-cuda-build browser sky bench bench-truth gpu-check wheelhouse clean
+.PHONY: install demo test lint test-slow test-all test-cuda-build browser sky bench bench-truth gpu-check wheelhouse clean
 
 $(BIN)/rentplan: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[probe,report,hf,quant,callbacks,test]"
+	$(BIN)/pip install -q -e ".[probe,report,hf,quant,callbacks,test,lint]"
 	touch $@
 
 install: $(BIN)/rentplan
@@ -25,6 +25,11 @@ demo: install
 # CI after it (.ci/run), or here with make test-slow / make test-all.
 test: install
 	$(BIN)/python -m pytest -q -m "not slow and not cudabuild"
+
+# ruff (lint, import order) over the project and mypy over the torch-free planner (pyproject.toml's settings)
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m "slow or cudabuild"

@@ -76,15 +76,15 @@ class Ledger:
         if self.path.is_dir():
             raise LedgerError(f"{self.path} is a folder, not a ledger file. Pass --ledger FILE.")
         existed = {p for p in self._companions() if p.exists()} | ({self.path} if self.path.exists() else set())
-        self.db = None
+        self._db: sqlite3.Connection | None = None
         try:
             version = self._check_existing()
             if self.read_only:
-                self.db = sqlite3.connect(self._read_only_uri(), uri=True, timeout=30)
+                self._db = sqlite3.connect(self._read_only_uri(), uri=True, timeout=30)
                 return
             if version is not None and version < SCHEMA_VERSION:
                 self.backup = _backup(self.path, version)
-            self.db = sqlite3.connect(str(self.path), timeout=30)
+            self._db = sqlite3.connect(str(self.path), timeout=30)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             self._ensure_schema()
@@ -99,16 +99,22 @@ class Ledger:
                 raise LedgerError(f"cannot open the ledger {self.path}: {e.strerror or e}.") from None
             raise LedgerError(f"{self.path} is not a rentplan ledger ({e}). Pass another --ledger PATH.") from None
 
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise LedgerError(f"the ledger {self.path} is closed")
+        return self._db
+
     def _companions(self) -> list[Path]:
         return [Path(f"{self.path}-wal"), Path(f"{self.path}-shm"), Path(f"{self.path}-journal")]
 
     def _undo_open(self, existed: set[Path]) -> None:
         """A failed open leaves the folder as it found it: SQLite's files that this open made (an empty ledger,
         an empty -wal, a torn -shm shorter than its 32 KiB header region) are removed; nothing else is touched."""
-        if self.db is not None:
+        if self._db is not None:
             with contextlib.suppress(sqlite3.Error):
-                self.db.close()
-            self.db = None
+                self._db.close()
+            self._db = None
         for p in [self.path, *self._companions()]:
             with contextlib.suppress(OSError):
                 if p not in existed and p.is_file() and p.stat().st_size < 32768 and (
@@ -164,8 +170,8 @@ class Ledger:
             for name, sql in _COLUMNS.items():
                 if name not in have:
                     self.db.execute(f"ALTER TABLE lines ADD COLUMN {name} {sql}")
-            for table, cols in TABLES.items():
-                spec = ", ".join(f"{c} {t}" for c, t in cols.items())
+            for table, columns in TABLES.items():
+                spec = ", ".join(f"{c} {t}" for c, t in columns.items())
                 self.db.execute(f"CREATE TABLE IF NOT EXISTS {table} (seq INTEGER PRIMARY KEY AUTOINCREMENT, {spec})")
             # Claims coordinate concurrent probes; unlike lines they are taken and released (not measurements).
             self.db.execute("CREATE TABLE IF NOT EXISTS claims (config_key TEXT PRIMARY KEY, run_id TEXT, "
@@ -204,8 +210,8 @@ class Ledger:
         self.close()
 
     def close(self) -> None:
-        if self.db is not None:
-            self.db.close()
+        if self._db is not None:
+            self._db.close()
 
     def append(self, line: Line) -> None:
         row = line.to_dict()

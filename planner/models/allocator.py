@@ -83,7 +83,9 @@ class Block:
 
     def __init__(self, ptr: int, size: int, stream: int, small: bool, segment: int, mapped: bool = True):
         self.ptr, self.size, self.stream, self.small, self.segment = ptr, size, stream, small, segment
-        self.allocated, self.prev, self.next, self.mapped, self.gc_base = False, None, None, mapped, 0
+        self.prev: Block | None = None
+        self.next: Block | None = None
+        self.allocated, self.mapped, self.gc_base = False, mapped, 0
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
@@ -164,9 +166,9 @@ class CachingAllocator:
             if self.config.limit_bytes is not None and self.config.garbage_collection_threshold > 0:
                 self.garbage_collect()
             block = (self.alloc_block(pool, size, stream)
-                     or (self.release_available_cached_blocks(pool, size, stream)
-                         and self.alloc_block(pool, size, stream))
-                     or (self.release_cached_blocks() and self.alloc_block(pool, size, stream)))
+                     or (self.alloc_block(pool, size, stream)
+                         if self.release_available_cached_blocks(pool, size, stream) else None)
+                     or (self.alloc_block(pool, size, stream) if self.release_cached_blocks() else None))
         if not block:
             self.num_ooms += 1
             raise SimulatedOOM(f"simulated CUDA OOM: {size} bytes with {self.reserved} reserved "
@@ -301,6 +303,7 @@ class CachingAllocator:
         return True
 
     def garbage_collect(self) -> None:
+        assert self.config.limit_bytes is not None  # called only under a limit (malloc)
         threshold = int(self.config.garbage_collection_threshold * self.config.limit_bytes)
         if self.reserved <= threshold:
             return
@@ -350,7 +353,9 @@ class CachingAllocator:
             if candidate is None:
                 return None
         while candidate.size < size:
-            mapped = self.map_block(pool, candidate.next, min(size - candidate.size, candidate.next.size))
+            nxt = candidate.next
+            assert nxt is not None  # the room counted above runs on through these blocks
+            mapped = self.map_block(pool, nxt, min(size - candidate.size, nxt.size))
             if mapped is None:
                 pool.insert(candidate)
                 return None
@@ -414,7 +419,7 @@ class CachingAllocator:
                     self._segments[(b.small, b.stream)] = hole
 
     @staticmethod
-    def _blocks(head: Block):
+    def _blocks(head: Block | None):
         while head is not None:
             yield head
             head = head.next

@@ -130,7 +130,7 @@ def comm_time(tp: Throughput, strategy: str, gpu: Gpu, offer: Offer, grad_accum:
     else:
         return Comm(0.0, "")
     intra = factor * (g - 1) / g * volume / (_interconnect_gbps(gpu) * 1e9) if g > 1 else 0.0
-    inter = factor * (m - 1) / m * volume / (offer.network_gbps / 8) / 1e9 if m > 1 else 0.0
+    inter = factor * (m - 1) / m * volume / ((offer.network_gbps or 0.0) / 8) / 1e9 if m > 1 else 0.0
     if strategy == "ddp":
         calls, steps = _ddp_buckets(tp.grad_bytes), 2
     else:
@@ -185,10 +185,10 @@ def update_time(tp: Throughput, gpu: Gpu, precision: str, micro_batch: int, seq_
         basis = (f"measured on {tp.device_name} ({measured * 1e3:.1f} ms at micro-batch {tp.micro_batch} × seq "
                  f"{tp.seq_len}), moved to this shape and to {gpu.id} by the per-op roofline's ratio "
                  f"({min(ratios):.2f}–{max(ratios):.2f}×)")
-    elif src is not None and tp.measured_s_per_token is not None and src.peak_tflops(precision) and \
-            gpu.peak_tflops(precision):
+    elif src is not None and tp.measured_s_per_token is not None and (src_peak := src.peak_tflops(precision)) and \
+            (gpu_peak := gpu.peak_tflops(precision)):
         t_src = tp.measured_s_per_token * micro_batch * seq_len * grad_accum
-        r_compute = src.peak_tflops(precision) / gpu.peak_tflops(precision)
+        r_compute = src_peak / gpu_peak
         r_memory = src.mem_bandwidth_tbps / gpu.mem_bandwidth_tbps
         lo, hi = sorted((t_src * r_compute, t_src * r_memory))
         basis = (f"measured on {tp.device_name}, scaled by TFLOPS ({r_compute:.2f}×) and bandwidth "

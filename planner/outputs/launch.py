@@ -24,6 +24,7 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -90,7 +91,7 @@ class Layout:
     mounts: dict[str, str] = field(default_factory=dict)  # remote relative path -> local path as sky reads it
     outside: dict[str, int] = field(default_factory=dict)  # a folder outside the launch folder -> its number
     sizes: dict[str, int] = field(default_factory=dict)  # remote relative path -> bytes uploaded
-    _ignore: object = None
+    _ignore: Any = None  # the .skyignore matcher (pathspec, imported when first needed)
 
     def place(self, local: str | Path, what: str, found: bool = False) -> str | None:
         """Mount a file (or every file of a folder, each by name) and return where it lands, relative to the remote
@@ -111,6 +112,12 @@ class Layout:
             self._folder(path, rel, what)
         else:
             self._add(rel, path, what)
+        return rel
+
+    def mount(self, local: str | Path, what: str) -> str:
+        """place() of what the user named: it always lands (or the plan stops); only a found file stays home."""
+        rel = self.place(local, what)
+        assert rel is not None
         return rel
 
     def place_at(self, local: Path, rel: str, what: str) -> None:
@@ -229,14 +236,14 @@ def place_workload(ref: str, base_dir: str, layout: Layout, folder: str) -> str:
     if ref.startswith(("builtin:", *OWN_LOOPS)):
         return ref
     if ref.startswith("hf:"):
-        return "hf:" + _relative_to(layout.place(resolve_path(ref[3:], base_dir), "the hf: model folder"), folder)
+        return "hf:" + _relative_to(layout.mount(resolve_path(ref[3:], base_dir), "the hf: model folder"), folder)
     target, sep, func = ref.rpartition(":")
     if sep and (target.endswith(".py") or "/" in target):
         path = Path(resolve_path(target, base_dir))
         for sibling in sorted(path.parent.glob("*.py")) if path.is_file() else []:
             if sibling != path:
                 layout.place(sibling, "a module beside the workload file", found=True)
-        rel = layout.place(path, "the workload file")
+        rel = layout.mount(path, "the workload file")
         if path.is_file():  # and every module it imports from its folder's subpackages, where it will look for them
             from planner.tools.modules import local_modules
 
@@ -255,7 +262,8 @@ def place_module(target: str, layout: Layout) -> None:
     package's __init__ files and the .py files beside it are mounted, so they arrive whatever .gitignore says."""
     from importlib.machinery import PathFinder
 
-    parts, search, spec = target.split("."), [str(layout.root)], None
+    parts, spec = target.split("."), None
+    search: list[str] | None = [str(layout.root)]
     chain = []
     for i in range(len(parts)):
         spec = PathFinder.find_spec(".".join(parts[:i + 1]), search)
@@ -275,7 +283,7 @@ def place_module(target: str, layout: Layout) -> None:
 
 
 def place_params(params: dict, base_dir: str, layout: Layout, folder: str) -> dict:
-    return {k: (_relative_to(layout.place(resolve_path(v, base_dir), f"params.{k}"), folder)
+    return {k: (_relative_to(layout.mount(resolve_path(v, base_dir), f"params.{k}"), folder)
                 if k in FILE_PARAMS and isinstance(v, str) else v) for k, v in params.items()}
 
 

@@ -199,7 +199,7 @@ def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
 def plan_rows(plans: pd.DataFrame, sheet: pd.DataFrame | None = None, limit_per_window: int = 5) -> list[dict]:
     """Each window's first rows (the ★ first), those that hold some work only, and always the ordered and the
     recommended offer's row, so the table shows what the sheet compares."""
-    out = []
+    out: list[dict] = []
     if plans.empty:
         return out
     keep = set()

@@ -42,7 +42,8 @@ def _run_status(ev: pd.DataFrame, trained: int) -> tuple[str, str]:
 
 def run_table(runs: pd.DataFrame, events: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
     """One row per run: status from its events, its budget, final/best validation, billed and set-up time."""
-    rows, attempts = [], {}
+    rows: list[dict] = []
+    attempts: dict[tuple, int] = {}
     for r in runs.itertuples():
         ev = events[events["run_id"] == r.run_id]
         m = metrics[metrics["run_id"] == r.run_id]
@@ -164,7 +165,7 @@ def _quality(table: pd.DataFrame, runs: pd.DataFrame) -> list[str | None]:
     column = {"val_loss": "final_val_loss_mean", "val_accuracy": "final_val_accuracy_mean"}[metric]
     ctrl = table[table["variant"] == control]
     base = ctrl[column].iloc[0] if len(ctrl) and ctrl["all_finished"].iloc[0] else None
-    out = []
+    out: list[str | None] = []
     for r in table.itertuples():
         value = getattr(r, column)
         if r.variant == control:
@@ -369,8 +370,8 @@ def _report_files(out: Path, runs, table, variants, metrics, notes, said) -> lis
     from planner.outputs.render import render_template
     from planner.storage import write_all
 
-    svg, clipped = curves_figure(runs, metrics, "svg")
-    svg = svg.decode()
+    svg_bytes, clipped = curves_figure(runs, metrics, "svg")
+    svg = svg_bytes.decode()
     variant_columns, variant_rows = _cells(variants, {k: v for k, v in VARIANT_COLUMNS.items()
                                                       if k in variants or k.startswith("final val loss")})
     run_columns, run_rows = _cells(table, {k: v for k, v in RUN_COLUMNS.items() if k in table})

@@ -136,6 +136,7 @@ def run_lines(order: dict, launch: Launch) -> list[str]:
                    f"micro-batch {s['micro_batch']} x accumulation {s['grad_accum']})")
         return lines + [command(Shell("rentplan"), Shell("verify"), launch.order_path, Shell("--skip-pilot")),
                         command(Shell("echo"), message, Shell(">&2")), Shell("exit 2")]
+    assert launch.spec_path is not None  # rentplan's own loop: its campaign spec travels with the order
     return lines + [command(Shell("rentplan"), Shell("verify"), launch.order_path)] + \
         launch_lines(order, launch.spec_path)
 
