@@ -382,17 +382,22 @@ def train_loop(opened: OpenRun, log: RunLog, ledger_path: str, out_dir: str, bui
             t3 = clock(dev)
             save_checkpoint(trainer, run_dir, u)
             log.metric("save", u, clock(dev) - t3)
-    t2 = clock(dev)
-    model_path = run_dir / "model.safetensors"
-    checkpoint.export(trainer, str(model_path), adapter=run.export_adapter)
+    export_run(opened, log, trainer)
+    return "diverged" if diverged_at else "finished"
+
+
+def export_run(opened: OpenRun, log: RunLog, trainer: Trainer) -> None:
+    """The weights (or adapter) exported, with the control outputs `campaign finish` compares them with."""
+    t2 = clock(opened.dev)
+    model_path = opened.run_dir / "model.safetensors"
+    checkpoint.export(trainer, str(model_path), adapter=opened.run.export_adapter)
     reference = control_outputs(trainer)  # every process: FSDP's forward gathers from all of them
     if opened.rank == 0:
-        (run_dir / "reference.json").write_text(json.dumps(reference))
+        (opened.run_dir / "reference.json").write_text(json.dumps(reference))
     barrier()
-    log.metric("export", trainer.update, clock(dev) - t2)
+    log.metric("export", trainer.update, clock(opened.dev) - t2)
     if opened.rank == 0:
         log.event("finished", trainer.update, f"model sha256 {sha256(model_path)}")
-    return "diverged" if diverged_at else "finished"
 
 
 def interrupted_run(ledger_path: str, run_id: str, campaign: str, variant: str, seed: int,
