@@ -160,9 +160,6 @@ class CampaignRun:
     rules: StopRules
     variants: tuple[RunVariant, ...]
 
-    def variant(self, variant_id: str) -> RunVariant:
-        return next(v for v in self.variants if v.id == variant_id)
-
 
 def campaign_run(campaign: Campaign, variants: tuple[Variant, ...] | list[Variant] | None = None) -> CampaignRun:
     """What a campaign run of `variants` (default: all) needs from the spec, answered now."""
