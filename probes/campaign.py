@@ -27,8 +27,8 @@ import pandas as pd
 import torch
 
 from planner.tools.archive import sha256
-from planner.inputs.campaign_spec import (KEPT_CHECKPOINTS, Campaign, Variant, judge_loss, resolve_params,
-                                          resolve_workload)
+from planner.inputs.campaign_spec import (KEPT_CHECKPOINTS, Campaign, CampaignRun, RunVariant, StopRules,
+                                          Variant, campaign_run)
 from planner.errors import CampaignError
 from planner.ledger import LedgerFull, Ledger, holding, new_id
 from planner.storage import advice, made_or_nothing, storage_problem
@@ -106,33 +106,30 @@ def workload_source(ref: str) -> Path | None:
     return Path(found.origin) if found is not None and found.origin else None
 
 
-def variant_config(campaign: Campaign, variant: Variant, device: str, world: int = 1,
+def variant_config(run: CampaignRun, variant: RunVariant, device: str, world: int = 1,
                    strategy: str = "single") -> ProbeConfig:
     """The variant's configuration: its own micro-batch (accumulation rises to hold the effective batch),
     checkpointing and precision where it sets them, the campaign's otherwise. With `world` data-parallel
     processes each takes effective_batch / world examples per update."""
-    if campaign.effective_batch % world:
-        raise ValueError(f"effective_batch {campaign.effective_batch} does not split over {world} processes")
-    per_rank = campaign.effective_batch // world
-    mb = campaign.setting(variant, "micro_batch") or max(
-        d for d in range(1, min(8, per_rank) + 1) if per_rank % d == 0)
+    if run.effective_batch % world:
+        raise ValueError(f"effective_batch {run.effective_batch} does not split over {world} processes")
+    per_rank = run.effective_batch // world
+    mb = variant.micro_batch or max(d for d in range(1, min(8, per_rank) + 1) if per_rank % d == 0)
     if per_rank % mb:
         raise ValueError(f"micro_batch {mb} does not divide the {per_rank} examples per process and update")
-    return ProbeConfig(workload=resolve_workload(campaign.workload, campaign.base_dir),
-                       params_json=json.dumps(resolve_params(campaign.params, campaign.base_dir), sort_keys=True),
-                       micro_batch=mb, seq_len=campaign.seq_len or 128, eval_seq_len=campaign.eval.seq_len,
-                       eval_micro_batch=campaign.eval.micro_batch or mb, grad_accum=per_rank // mb,
-                       precision=campaign.setting(variant, "precision"),
-                       checkpointing=bool(campaign.setting(variant, "checkpointing")),
-                       optimizer=campaign.optimizer, lr=variant.lr, device=device,
+    return ProbeConfig(workload=run.workload, params_json=json.dumps(run.params, sort_keys=True),
+                       micro_batch=mb, seq_len=run.seq_len, eval_seq_len=run.eval.seq_len,
+                       eval_micro_batch=run.eval.micro_batch or mb, grad_accum=per_rank // mb,
+                       precision=variant.precision, checkpointing=variant.checkpointing,
+                       optimizer=run.optimizer, lr=variant.lr, device=device,
                        strategy=strategy if world > 1 else "single", world_size=world)
 
 
-def evaluate(trainer: Trainer, campaign: Campaign) -> tuple[float, float | None, list[dict]]:
+def evaluate(trainer: Trainer, run: CampaignRun) -> tuple[float, float | None, list[dict]]:
     """Mean validation loss over the campaign's eval examples, accuracy when predict() exists, and the first
     PREDICTIONS_KEPT (item, prediction, target) triples of the pass. Data-parallel: each process evaluates its
     share (Trainer.batch reads by rank) and the sums are taken over the processes."""
-    ev = campaign.eval
+    ev = run.eval
     mb = ev.micro_batch or trainer.cfg.micro_batch
     out = trainer.evaluate(mb, ev.seq_len, batches=max(1, ev.examples // (mb * trainer.world)),
                            predictions=PREDICTIONS_KEPT)
@@ -179,11 +176,11 @@ def device_start_up(device: str) -> float:
     return time.perf_counter() - t0
 
 
-def snapshot_inputs(campaign: Campaign, cfg: ProbeConfig, run_dir: Path) -> dict:
+def snapshot_inputs(run: CampaignRun, cfg: ProbeConfig, run_dir: Path) -> dict:
     """Copy the spec and the workload's source into the run's folder as they are now (the archive ships these
     copies, not whatever the files hold later); return their names and sha256."""
     kept = {}
-    spec = Path(campaign.source)
+    spec = Path(run.source)
     if spec.is_file():
         (run_dir / "spec").mkdir(exist_ok=True)
         shutil.copy2(spec, run_dir / "spec" / spec.name)
@@ -203,140 +200,214 @@ def snapshot_inputs(campaign: Campaign, cfg: ProbeConfig, run_dir: Path) -> dict
     return kept
 
 
-def run_variant(campaign: Campaign, variant: Variant, seed: int, ledger_path: str, out_dir: str,
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What the stop rules say after one update: a divergence first seen at it (why), a stop (why), and the
+    run's outcome when it ends here (None: it goes on)."""
+    diverged: str | None = None
+    stopped: str | None = None
+    outcome: str | None = None
+
+
+def stop_rule(loss: float, first_loss: float | None, diverged_before: bool, rules: StopRules) -> Verdict:
+    """Divergence (non-finite, or above diverge_above × the run's first loss) is judged on every update whatever
+    the stop rules say; stop_if.diverged decides whether it ends the run, stop_if.loss_above stops it. Pure."""
+    why = None
+    if not math.isfinite(loss):
+        why = "non-finite loss"
+    elif (first_loss is not None and math.isfinite(first_loss) and first_loss > 0
+          and loss > rules.diverge_above * first_loss):
+        why = f"loss {loss:.4g} above {rules.diverge_above:g} × the first loss {first_loss:.4g}"
+    diverged = why if why and not diverged_before else None
+    if diverged and rules.on_divergence:
+        return Verdict(diverged=diverged, outcome="diverged")
+    if rules.loss_above is not None and loss > rules.loss_above:
+        return Verdict(diverged=diverged, stopped=f"loss {loss:.4g} above stop_if.loss_above {rules.loss_above}",
+                       outcome="diverged" if diverged_before or diverged else "stopped")
+    return Verdict(diverged=diverged)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenRun:
+    """A run as it starts: its id, configuration and folder (made, with the inputs as they are now, by rank 0)."""
+    run: CampaignRun
+    variant: RunVariant
+    seed: int
+    run_id: str
+    cfg: ProbeConfig
+    dev: torch.device
+    run_dir: Path
+    updates: int
+    rank: int
+    world: int
+    inputs: dict
+
+
+def open_run(run: CampaignRun, variant: RunVariant, seed: int, out_dir: str, device: str, updates: int | None,
+             strategy: str) -> OpenRun:
+    rank, world = world_of()
+    run_id = from_rank0(new_id("c"))
+    cfg = variant_config(run, variant, device, world, strategy)
+    run_dir = Path(out_dir) / run_id
+    inputs = {}
+    if rank == 0:
+        with made_or_nothing(run_dir):  # a disk that fills here leaves no half-made folder (the run's, or --out's)
+            run_dir.mkdir(parents=True)
+            inputs = snapshot_inputs(run, cfg, run_dir)
+    return OpenRun(run, variant, seed, run_id, cfg, torch.device(device), run_dir, updates or run.updates, rank,
+                   world, inputs)
+
+
+class RunLog:
+    """The run's rows (rank 0 into the ledger, other ranks to stderr: _OtherRank) and its progress lines."""
+
+    def __init__(self, led, opened: OpenRun, progress):
+        self.led, self.run_id = led, opened.run_id
+        self.prefix = f"{opened.variant.id} seed {opened.seed}: "
+        self.progress = progress if opened.rank == 0 else _quiet
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, ledger_path: str, opened: OpenRun, progress, start_up_s: float | None):
+        """The run's row (its configuration and what it was asked), then its log."""
+        run, variant, cfg = opened.run, opened.variant, opened.cfg
+        env = environment(opened.dev)
+        with (Ledger(ledger_path) if opened.rank == 0 else _OtherRank(opened.rank, opened.run_id)) as led:
+            led.add("campaign_runs", {
+                "run_id": opened.run_id, "campaign": run.name, "variant": variant.id, "seed": opened.seed,
+                "lr": variant.lr, "config_json": json.dumps({
+                    "campaign": run.source, "config": dataclasses.asdict(cfg), "updates": opened.updates,
+                    "planned_updates": run.updates, "effective_batch": run.effective_batch, "control": run.control,
+                    "changes": variant.changes, "inputs": opened.inputs, "quality_target": run.quality_target,
+                    "diverge_above": run.rules.diverge_above, "stop_if": run.stop_if,
+                    "device_start_up_s": start_up_s}),
+                "device": env["device"], "device_name": env["device_name"], "torch_version": env["torch_version"],
+                "code_revision": code_revision(workload_source(cfg.workload)), "started_at": _now()})
+            yield cls(led, opened, progress)
+
+    def say(self, msg: str) -> None:
+        self.progress(self.prefix + msg)
+
+    def event(self, name: str, update: int, detail: str = "") -> None:
+        self.led.add("campaign_events", {"run_id": self.run_id, "event": name, "update_no": update, "detail": detail,
+                                         "at": _now()})
+
+    def metric(self, kind: str, update: int, seconds: float, loss=None, lr=None, accuracy=None) -> None:
+        self.led.add("campaign_metrics", {"run_id": self.run_id, "update_no": update, "kind": kind, "loss": loss,
+                                          "lr": lr, "accuracy": accuracy, "seconds": seconds, "at": _now()})
+
+    def predictions(self, update: int, kept: list[dict]) -> None:
+        for k in kept:
+            self.led.add("campaign_predictions", {"run_id": self.run_id, "update_no": update, **k})
+
+
+def run_variant(run: CampaignRun, variant: RunVariant, seed: int, ledger_path: str, out_dir: str,
                 device: str = "cpu", updates: int | None = None, progress=print,
                 start_up_s: float | None = None, strategy: str = "single") -> tuple[str, str]:
     """Train one variant with one seed; returns (run id, outcome: finished | diverged | stopped | error).
-    Lines go to the ledger as they happen. Divergence (non-finite, or loss above diverge_above × the first
-    loss) is judged on every update whatever the stop rules say; the stop rules decide whether it goes on.
+    Lines go to the ledger as they happen; stop_rule judges every update.
 
     Under torchrun (a process group started, probes/distributed.init_from_env) every process trains its share
     of each update with `strategy` (ddp | fsdp); losses are averaged over the processes, so every process takes
     the same decisions; only rank 0 writes the ledger, the run folder and the export."""
-    rank, world = world_of()
-    updates = updates or campaign.updates
-    run_id = from_rank0(new_id("c"))
-    cfg = variant_config(campaign, variant, device, world, strategy)
-    dev = torch.device(device)
-    env = environment(dev)
-    run_dir = Path(out_dir) / run_id
-    inputs, src = {}, workload_source(cfg.workload)
-    if rank == 0:
-        with made_or_nothing(run_dir):  # a disk that fills here leaves no half-made folder (the run's, or --out's)
-            run_dir.mkdir(parents=True)
-            inputs = snapshot_inputs(campaign, cfg, run_dir)
-    else:
-        progress = _quiet
-    with (Ledger(ledger_path) if rank == 0 else _OtherRank(rank, run_id)) as led:
-        led.add("campaign_runs", {"run_id": run_id, "campaign": campaign.name, "variant": variant.id, "seed": seed,
-                                  "lr": variant.lr, "config_json": json.dumps({
-                                      "campaign": campaign.source, "config": dataclasses.asdict(cfg),
-                                      "updates": updates, "planned_updates": campaign.updates,
-                                      "effective_batch": campaign.effective_batch, "control": campaign.control.id,
-                                      "changes": campaign.changed(variant), "inputs": inputs,
-                                      "quality_target": dataclasses.asdict(campaign.quality_target)
-                                      if campaign.quality_target else None,
-                                      "diverge_above": campaign.diverge_above, "stop_if": campaign.stop_if,
-                                      "device_start_up_s": start_up_s}),
-                                  "device": env["device"], "device_name": env["device_name"],
-                                  "torch_version": env["torch_version"], "code_revision": code_revision(src),
-                                  "started_at": _now()})
-
-        def event(name: str, update: int, detail: str = "") -> None:
-            led.add("campaign_events", {"run_id": run_id, "event": name, "update_no": update, "detail": detail,
-                                        "at": _now()})
-
-        def metric(kind: str, update: int, seconds: float, loss=None, lr=None, accuracy=None) -> None:
-            led.add("campaign_metrics", {"run_id": run_id, "update_no": update, "kind": kind, "loss": loss,
-                                         "lr": lr, "accuracy": accuracy, "seconds": seconds, "at": _now()})
-
-        event("started", 0)
+    opened = open_run(run, variant, seed, out_dir, device, updates, strategy)
+    with RunLog.open(ledger_path, opened, progress, start_up_s) as log:
+        log.event("started", 0)
         torch.manual_seed(seed)
-        diverged_at = None
+        built: list[Trainer] = []  # the trainer once made: where an interrupt says the run stopped
         try:
-            t_setup = clock(dev)
-            trainer = Trainer(load_workload(cfg.workload, json.loads(cfg.params_json)), cfg, dev)
-            for note in data_notes(trainer.workload, cfg):
-                event("data", 0, note)
-                progress(f"{variant.id} seed {seed}: data: {note}")
-            metric("setup", 0, clock(dev) - t_setup)
-            first_loss = None
-            earlier = interrupted_run(ledger_path, run_id, campaign, variant, seed, cfg, updates, out_dir) \
-                if world == 1 else None  # ranks' shards resume through DCP: not here yet, they start over
-            if earlier:
-                old_run, path, first_loss = earlier
-                checkpoint.load(trainer, str(path))
-                event("resumed", trainer.update, f"from {old_run}/{path.name}: that run was interrupted")
-                progress(f"{variant.id} seed {seed}: resumed from {old_run}/{path.name} (update {trainer.update})")
-            for _ in range(updates - trainer.update):
-                t0 = clock(dev)
-                try:
-                    res = trainer.train_update()
-                except NonFinite as e:
-                    event("diverged", e.update, f"{e} (a non-finite loss always ends the run)")
-                    progress(f"{variant.id} seed {seed}: diverged at update {e.update} (non-finite)")
-                    return run_id, "diverged"
-                u = trainer.update
-                if world > 1:  # the update's loss over every process's share: one decision everywhere
-                    res = dataclasses.replace(res, loss=summed([res.loss], dev)[0] / world)
-                metric("train", u, clock(dev) - t0, res.loss, trainer.lr())
-                first_loss = res.loss if first_loss is None else first_loss
-                why = judge_loss(res.loss, first_loss, campaign.diverge_above)
-                if why and diverged_at is None:
-                    diverged_at = u
-                    stop = campaign.stop_if.get("diverged", True)
-                    event("diverged", u, why + ("" if stop else "; stop_if.diverged is false: it runs on"))
-                    progress(f"{variant.id} seed {seed}: diverged at update {u}: {why}")
-                    if stop:
-                        return run_id, "diverged"
-                limit = campaign.stop_if.get("loss_above")
-                if limit is not None and res.loss > limit:
-                    event("stopped", u, f"loss {res.loss:.4g} above stop_if.loss_above {limit}")
-                    progress(f"{variant.id} seed {seed}: stopped at update {u} (loss above {limit})")
-                    return run_id, "diverged" if diverged_at else "stopped"
-                if u % campaign.eval.every_updates == 0 or u == updates:
-                    t1 = clock(dev)
-                    loss, acc, kept = evaluate(trainer, campaign)
-                    metric("val", u, clock(dev) - t1, loss, trainer.lr(), acc)
-                    for k in kept:
-                        led.add("campaign_predictions", {"run_id": run_id, "update_no": u, **k})
-                    progress(f"{variant.id} seed {seed}: update {u}/{updates} val loss {loss:.4f}")
-                if u % campaign.save_every == 0 and u < updates:  # the plan reserves these saves' time
-                    t3 = clock(dev)
-                    save_checkpoint(trainer, run_dir, u)
-                    metric("save", u, clock(dev) - t3)
-            t2 = clock(dev)
-            model_path = run_dir / "model.safetensors"
-            checkpoint.export(trainer, str(model_path), adapter=campaign.export == "adapter")
-            reference = control_outputs(trainer)  # every process: FSDP's forward gathers from all of them
-            if rank == 0:
-                (run_dir / "reference.json").write_text(json.dumps(reference))
-            barrier()
-            metric("export", trainer.update, clock(dev) - t2)
-            if rank == 0:
-                event("finished", trainer.update, f"model sha256 {sha256(model_path)}")
-            return run_id, "diverged" if diverged_at else "finished"
+            return opened.run_id, train_loop(opened, log, ledger_path, out_dir, built)
         except KeyboardInterrupt:
-            done = trainer.update if "trainer" in locals() else 0
-            event("interrupted", done, "interrupted (Ctrl-C or SIGTERM); the same command again resumes it from its "
-                                       "newest checkpoint")
+            log.event("interrupted", built[0].update if built else 0, "interrupted (Ctrl-C or SIGTERM); the same "
+                      "command again resumes it from its newest checkpoint")
             raise
         except LedgerFull:  # nothing more can be written: said by the command, the run stays as far as it got
             raise
         except Exception as e:  # noqa: BLE001  the run stays in the ledger, marked
-            event("error", 0, last_line(e))
-            progress(f"{variant.id} seed {seed}: error: {last_line(e)}")
-            return run_id, "error"
+            log.event("error", 0, last_line(e))
+            log.say(f"error: {last_line(e)}")
+            return opened.run_id, "error"
 
 
-def interrupted_run(ledger_path: str, run_id: str, campaign: Campaign, variant: Variant, seed: int,
+def train_loop(opened: OpenRun, log: RunLog, ledger_path: str, out_dir: str, built: list) -> str:
+    """Set up (resuming an interrupted attempt), train `updates` updates with evaluations and saves, export;
+    returns the outcome (finished | diverged | stopped)."""
+    run, cfg, dev, run_dir, updates = opened.run, opened.cfg, opened.dev, opened.run_dir, opened.updates
+    t_setup = clock(dev)
+    trainer = Trainer(load_workload(cfg.workload, json.loads(cfg.params_json)), cfg, dev)
+    built.append(trainer)
+    for note in data_notes(trainer.workload, cfg):
+        log.event("data", 0, note)
+        log.say(f"data: {note}")
+    log.metric("setup", 0, clock(dev) - t_setup)
+    first_loss, diverged_at = None, None
+    earlier = interrupted_run(ledger_path, opened.run_id, run.name, opened.variant.id, opened.seed, cfg, updates,
+                              out_dir) if opened.world == 1 else None  # ranks' shards resume through DCP: not yet
+    if earlier:
+        old_run, path, first_loss = earlier
+        checkpoint.load(trainer, str(path))
+        log.event("resumed", trainer.update, f"from {old_run}/{path.name}: that run was interrupted")
+        log.say(f"resumed from {old_run}/{path.name} (update {trainer.update})")
+    for _ in range(updates - trainer.update):
+        t0 = clock(dev)
+        try:
+            res = trainer.train_update()
+        except NonFinite as e:
+            log.event("diverged", e.update, f"{e} (a non-finite loss always ends the run)")
+            log.say(f"diverged at update {e.update} (non-finite)")
+            return "diverged"
+        u = trainer.update
+        if opened.world > 1:  # the update's loss over every process's share: one decision everywhere
+            res = dataclasses.replace(res, loss=summed([res.loss], dev)[0] / opened.world)
+        log.metric("train", u, clock(dev) - t0, res.loss, trainer.lr())
+        first_loss = res.loss if first_loss is None else first_loss
+        verdict = stop_rule(res.loss, first_loss, diverged_at is not None, run.rules)
+        if verdict.diverged:
+            diverged_at = u
+            log.event("diverged", u, verdict.diverged + ("" if run.rules.on_divergence else
+                                                         "; stop_if.diverged is false: it runs on"))
+            log.say(f"diverged at update {u}: {verdict.diverged}")
+        if verdict.stopped:
+            log.event("stopped", u, verdict.stopped)
+            log.say(f"stopped at update {u} (loss above {run.rules.loss_above})")
+        if verdict.outcome:
+            return verdict.outcome
+        if u % run.eval.every_updates == 0 or u == updates:
+            t1 = clock(dev)
+            loss, acc, kept = evaluate(trainer, run)
+            log.metric("val", u, clock(dev) - t1, loss, trainer.lr(), acc)
+            log.predictions(u, kept)
+            log.say(f"update {u}/{updates} val loss {loss:.4f}")
+        if u % run.save_every == 0 and u < updates:  # the plan reserves these saves' time
+            t3 = clock(dev)
+            save_checkpoint(trainer, run_dir, u)
+            log.metric("save", u, clock(dev) - t3)
+    export_run(opened, log, trainer)
+    return "diverged" if diverged_at else "finished"
+
+
+def export_run(opened: OpenRun, log: RunLog, trainer: Trainer) -> None:
+    """The weights (or adapter) exported, with the control outputs `campaign finish` compares them with."""
+    t2 = clock(opened.dev)
+    model_path = opened.run_dir / "model.safetensors"
+    checkpoint.export(trainer, str(model_path), adapter=opened.run.export_adapter)
+    reference = control_outputs(trainer)  # every process: FSDP's forward gathers from all of them
+    if opened.rank == 0:
+        (opened.run_dir / "reference.json").write_text(json.dumps(reference))
+    barrier()
+    log.metric("export", trainer.update, clock(opened.dev) - t2)
+    if opened.rank == 0:
+        log.event("finished", trainer.update, f"model sha256 {sha256(model_path)}")
+
+
+def interrupted_run(ledger_path: str, run_id: str, campaign: str, variant: str, seed: int,
                     cfg: ProbeConfig, updates: int, out_dir: str) -> tuple[str, Path, float | None] | None:
     """The run a rerun resumes: the newest attempt of this (variant, seed), when it was interrupted, ran the same
     configuration and update count, and kept a checkpoint; with its newest checkpoint and its first training loss
     (the divergence rule's reference). Anything else starts afresh."""
     with Ledger(ledger_path) as led:
         runs, events, metrics = (led.table(t) for t in ("campaign_runs", "campaign_events", "campaign_metrics"))
-    mine = runs[(runs["campaign"] == campaign.name) & (runs["variant"] == variant.id) & (runs["run_id"] != run_id)
+    mine = runs[(runs["campaign"] == campaign) & (runs["variant"] == variant) & (runs["run_id"] != run_id)
                 & (pd.to_numeric(runs["seed"], errors="coerce") == seed)]
     if mine.empty:
         return None
@@ -440,9 +511,11 @@ def _flat(pred):
 def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] | None, ledger_path: str, out: str,
                  device: str, updates: int | None, strategy: str, say=print, echo=print) -> list[str]:
     """`rentplan campaign run`: the device's start-up once (recorded, billed to no variant), then every variant by
-    priority and each of its seeds; returns the outcomes. say: progress; echo: one result line per run."""
+    priority and each of its seeds; returns the outcomes. say: progress; echo: one result line per run.
+    The spec is answered here, once (campaign_spec.campaign_run): the runs never ask it anything."""
     from probes.runner import clean_stale_temporaries, sigterm_as_interrupt
 
+    run = campaign_run(campaign, variants)
     rank, world = world_of()
     if rank == 0:  # an output folder or a ledger that cannot be written (a full disk, a read-only folder, a foreign
         problem = storage_problem(Path(out))  # SQLite file, a newer rentplan's) is refused before anything is made
@@ -458,24 +531,24 @@ def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] |
     # not "running or crashed"; the handler is this command's only while it runs
     previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     try:
-        return _run_variants(campaign, variants, seeds, ledger_path, out, device, updates, strategy, say, echo)
+        return _run_variants(run, seeds, ledger_path, out, device, updates, strategy, say, echo)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_variants(campaign, variants, seeds, ledger_path, out, device, updates, strategy, say, echo) -> list[str]:
+def _run_variants(run: CampaignRun, seeds, ledger_path, out, device, updates, strategy, say, echo) -> list[str]:
     rank, world = world_of()
     start_up = device_start_up(device)
     say(f"start-up: {device} ready in {start_up:.2f} s (recorded with each run, not billed to any variant)"
         + (f"; {world} processes, {strategy}" if world > 1 else ""))
     outcomes = []
     since = _last_run_seq(ledger_path) if rank == 0 else 0  # runs after it were started by other commands
-    for v in sorted(variants, key=lambda v: v.priority):
+    for v in sorted(run.variants, key=lambda v: v.priority):
         for seed in seeds or [v.seed]:
             # one command at a time trains a (variant, seed): a second `campaign run` of the spec skips what the
             # first is training now, and what it finished since this command started
-            key, claim = f"campaign:{campaign.name}:{v.id}:{seed}", new_id("k")
-            held = from_rank0(_claim_variant(ledger_path, key, claim, campaign.name, v.id, seed, since)
+            key, claim = f"campaign:{run.name}:{v.id}:{seed}", new_id("k")
+            held = from_rank0(_claim_variant(ledger_path, key, claim, run.name, v.id, seed, since)
                               if rank == 0 else None)
             if held:
                 say(f"skip {v.id} seed {seed}: {held}")
@@ -483,7 +556,7 @@ def _run_variants(campaign, variants, seeds, ledger_path, out, device, updates, 
                 continue
             try:
                 with holding(ledger_path, key, claim) if rank == 0 else contextlib.nullcontext():
-                    run_id, outcome = run_variant(campaign, v, seed, ledger_path, out, device, updates, progress=say,
+                    run_id, outcome = run_variant(run, v, seed, ledger_path, out, device, updates, progress=say,
                                                   start_up_s=start_up, strategy=strategy)
             finally:
                 release(device)

@@ -235,7 +235,7 @@ def test_the_users_own_loop_of_one_process_is_planned_on_one_gpu(tmp_path):
     with pytest.raises(Exception, match="needs your loop to run DDP"):
         make_plan(camp, lines, cat, offer_id="h100-8x")
     # only multi-GPU offers: nothing is ordered, and stdout and the sheet say why (not "no offer fits")
-    from planner.commands.decide import decision_text
+    from planner.api import decision_text
     from planner.outputs.render import build_context, render_template
 
     alone = make_plan(camp, lines, dataclasses.replace(CATALOG, offers=[offer(id="h100-8x")]))

@@ -11,28 +11,23 @@ import click
 
 from planner.errors import RentplanError
 from planner.storage import WriteError
-from planner.inputs.grid import (GridSpec, checked_device)
-from planner.inputs.grid import spec_from_options as parse_spec
+from planner.inputs.grid import GridSpec
 from planner.outputs.tables import FORMATS
 
 
 
 def resolve_device(device: str, ranks: int = 1) -> str:
-    """auto | cpu | cuda | cuda:N: a device this machine lacks (or too few GPUs for `ranks` ranks, each on its own
-    cuda:LOCAL_RANK) is refused before anything runs."""
-    device = checked_device(device)
-    if device == "cpu":
-        return device
-    from probes.pilot import available_device  # only the commands that run pilots get here (torch)
+    """auto | cpu | cuda | cuda:N, as probes.api.device checks it (only the commands that run pilots get here)."""
+    from probes.api import device as checked
 
-    return available_device(device, ranks)
+    return checked(device, ranks)
 
 
 def spec_from_options(opts: dict) -> GridSpec:
-    """The grid the options and the --grid file describe, on a device this machine has."""
-    spec = parse_spec(opts)
-    spec.device = resolve_device(spec.device, spec.nproc if spec.mode == "measured" else 1)
-    return spec
+    """The grid the options and the --grid file describe, on a device this machine has (probes.api.grid)."""
+    from probes.api import grid
+
+    return grid(**opts)
 
 
 def progress(msg: str) -> None:

@@ -18,10 +18,8 @@ from planner.commands.common import (
     progress,
     spec_from_options,
 )
-from planner.commands.measure import run_probe
 from planner.errors import InputError
-from planner.inputs.grid import GridSpec, parse_list, positive_int
-from planner.ledger import Ledger
+from planner.inputs.grid import GridSpec
 from planner.outputs.tables import lines_view, plans_view, render, selection_view
 
 # ---------------------------------------------------------------- plan
@@ -30,88 +28,26 @@ def example_campaign_path(name: str = "lr-comparison.yaml") -> Path:
     return Path(__file__).resolve().parent.parent / "examples" / name
 
 
-def parse_days(text: str) -> list[int]:
-    days = sorted(set(parse_list(text, positive_int, "--days")))  # a window named twice is one window
-    if not days:
-        raise InputError("--days needs at least one window, e.g. 3,7,30.")
-    return days
+def show_plan(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt, all_offers=False):
+    """planner.api's plan, written under `out` when given, and printed in `fmt`."""
+    from planner import api
 
-
-def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt, all_offers=False):
-    from planner.decisions.pipeline import make_plan
-    from planner.decisions.select import observed_times
-    from planner.inputs.campaign_spec import load_campaign
-    from planner.inputs.catalog import load_catalog
-    from planner.inputs.names import label_problem
-    from planner.outputs.orders import order_for
-    from planner.outputs.render import write_outputs
-
-    for option, path in (("--campaign", campaign_path), ("--out", out)):
-        why = path is not None and label_problem(str(path))
-        if why:  # both reach sky.yaml's file mounts and run lines
-            raise InputError(f"{option} {str(path)!r} {why}; name a folder or file without it.")
-    campaign = load_campaign(campaign_path)
-    catalog = load_catalog(catalog_path)
-    memory_fixes = {v.id: k for v in campaign.variants for k in campaign.changed(v) if k != "lr"}
-    if memory_fixes:  # said, not hidden: the sheet sizes one configuration
-        progress("note: the plan sizes and times every variant at the spec's own micro_batch, checkpointing and "
-                 f"precision; {', '.join(f'{v} ({k})' for v, k in memory_fixes.items())} differ, so their hours "
-                 "are the control's (probe their settings to see their own)")
-    with Ledger(ledger_path, create=False) as led:
-        lines, runs, metrics = led.frame(), led.table("campaign_runs"), led.table("campaign_metrics")
-    result = make_plan(campaign, lines, catalog, headroom, parse_days(days),
-                       observed=observed_times(runs, metrics, campaign), offer_id=offer_id)
-    order = order_for(campaign, result, catalog, headroom, offer_id)
-    if order is not None and order["expect"]["device_kind"] == "rocm":
-        progress(f"note: no sky.yaml for {order['offer']['id']}: rentplan has not sized ROCm GPUs (its need and time "
-                 "use CUDA's allocator, kernels and context) and does not launch them; order.json says what was "
-                 "planned")
+    api.check_names(campaign=campaign_path, out=out)
+    made = api.plan(campaign_path, ledger_path, catalog_path, days, headroom, offer_id, say=progress)
     if out:
-        written = write_outputs(Path(out), campaign, result.sheet, result.plans, result.budget, result.lines,
-                                catalog, headroom, order, spec_path=str(campaign_path),
-                                dearer=result.dearer if all_offers else None, on_note=click.echo)
-        progress("wrote " + ", ".join(str(p) for p in written))
+        progress("wrote " + ", ".join(str(p) for p in made.write(out, all_offers, on_note=click.echo)))
     if fmt == "json":
-        click.echo(json.dumps({"selection": json.loads(render(result.sheet, "json")),
-                               "plans": json.loads(render(result.plans, "json")), "budget": result.budget,
-                               "order": order}, indent=2, default=str))
-        return result
-    click.echo(render(selection_view(result.sheet, fmt), fmt))
+        click.echo(json.dumps({"selection": json.loads(render(made.sheet, "json")),
+                               "plans": json.loads(render(made.plans, "json")), "budget": made.budget,
+                               "order": made.order}, indent=2, default=str))
+        return
+    click.echo(render(selection_view(made.sheet, fmt), fmt))
     if fmt != "csv":
         click.echo("")
-        click.echo(render(plans_view(result.plans, fmt), fmt))
-        click.echo("\n" + decision_text(result.sheet))
-        from planner.decisions.plans import window_notes
-
-        for note in window_notes(result.plans, result.sheet):
+        click.echo(render(plans_view(made.plans, fmt), fmt))
+        click.echo("\n" + made.decision)
+        for note in made.window_notes:
             click.echo(note)
-    return result
-
-
-def decision_text(sheet) -> str:
-    """What stdout says was decided: the same decision as the sheet, order.json and sky.yaml."""
-    from planner.decisions.pipeline import ordered, recommend
-    from planner.units import fmt_usd
-
-    def describe(r):
-        return (f"{r['offer']} ({r['gpu']}, {r['strategy_label']}, {r['precision']}, micro-batch {r['micro_batch']} × "
-                f"accumulation {r['grad_accum']}); campaign {fmt_usd(r['campaign_cost_usd_low'])}–"
-                f"{fmt_usd(r['campaign_cost_usd_high'])}")
-    rec, mine = recommend(sheet), ordered(sheet)
-    if sheet.attrs.get("order_for_this_machine"):
-        head = "Ordered: this machine (--offer local)." + (f" Recommended: {describe(rec)}." if rec is not None else "")
-        return head
-    if mine is None:
-        from planner.decisions.plans import nothing_to_order
-
-        return f"Nothing to order: {nothing_to_order(sheet)}."
-    text = f"Recommended and ordered: {describe(mine)}." if rec is not None and rec["offer"] == mine["offer"] else (
-        f"Ordered (you chose it with --offer): {describe(mine)}.\n"
-        + (f"Recommended: {describe(rec)}." if rec is not None else "rentplan recommends no offer."))
-    text += f"\nStrategy: {mine['strategy_why']}."
-    if mine["unmodelled"]:
-        text += f"\nNot modelled: {mine['unmodelled']}."
-    return text
 
 
 @click.command()
@@ -135,7 +71,7 @@ def plan(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id
     Example: rentplan plan --campaign campaign.yaml --ledger rentplan.db --out rentplan-out"""
     if all_offers and not out:
         raise InputError("--all-offers writes selection-all.csv into the plan's folder: give --out DIR too.")
-    plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt, all_offers)
+    show_plan(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt, all_offers)
 
 
 # ---------------------------------------------------------------- demo
@@ -166,6 +102,7 @@ def demo(ledger_path, out, device):
 
     Example: rentplan demo --out rentplan-out"""
     from planner.inputs.campaign_spec import load_campaign
+    from probes.api import probe
 
     campaign_path = example_campaign_path(DEMO_CAMPAIGN)
     campaign = load_campaign(campaign_path)
@@ -176,7 +113,7 @@ def demo(ledger_path, out, device):
              f"'{campaign.name}' ({campaign_path.name}) for sm80+ kernels; 3) its plan and order sheet.")
     results = []
     for spec in (pilot, estimate_spec):
-        results.append(run_probe(spec, ledger_path, 900.0, False))
+        results.append(probe(spec, ledger_path, 900.0, False, say=progress))
         if results[-1].interrupted:
             raise KeyboardInterrupt
     mine, est = (r.frame() for r in results)
@@ -194,7 +131,7 @@ def demo(ledger_path, out, device):
     click.echo(render(lines_view(est, "table"), "table"))
     click.echo("")
     click.echo("3) The plan:")
-    plan_and_write(str(campaign_path), ledger_path, None, "3,7,30", 0.10, out, None, "table")
+    show_plan(str(campaign_path), ledger_path, None, "3,7,30", 0.10, out, None, "table")
     click.echo(f"\nOrder sheet: {Path(out) / 'order_sheet.md'} (and .html); plans: {Path(out) / 'plans.csv'}; "
                f"budget: {Path(out) / 'budget.md'}; order: {Path(out) / 'order.json'}")
 

@@ -12,7 +12,6 @@ import pandas as pd
 from planner.errors import InputError
 from planner.inputs.grid import (GridSpec, build_grid, checked_count, checked_timeout, resolve_cap, resolve_targets)
 from planner.ledger import Ledger, read_lines
-from planner.records import PHASES
 from planner.outputs.tables import lines_view, render
 
 from planner.commands.common import (format_option, friendly_errors, grid_options, ledger_option,
@@ -23,40 +22,10 @@ from planner.commands.common import (format_option, friendly_errors, grid_option
 
 
 def run_probe(spec: GridSpec, ledger_path: str, timeout_s: float, retry_failed: bool, jobs: int | None = None):
-    """Check the workload here (clear errors before any worker starts), then run the grid."""
-    checked_timeout(timeout_s)
-    from probes.runner import run_grid, start_workers
+    """probes.api.probe, its progress on stderr."""
+    from probes.api import probe as probe_grid
 
-    start_workers()  # warms up in parallel with the check below
-    from probes.workloads import load_workload
-
-    workload = load_workload(spec.workload, spec.params)
-    lengths = getattr(workload, "lengths", None)
-    if lengths and not spec.seq_len:  # the data's real lengths, not a guess
-        spec.seq_len, spec.eval_seq_len = [lengths["p99"]], spec.eval_seq_len or [lengths["max"]]
-        progress(f"data: {lengths['examples']} examples; p99 length {lengths['p99']} tokens drives steady, "
-                 f"the longest ({lengths['max']}) drives eval")
-    if getattr(workload, "data_note", None):
-        progress(f"data: {workload.data_note}")
-    if hasattr(workload, "data_report"):
-        notes = dict.fromkeys(n for seq_len in sorted(set(spec.seq_len or []))
-                              for n in workload.data_report({"train": seq_len}))
-        for note in notes:
-            progress(f"data: {note}")
-    configs = build_grid(spec)
-    progress(f"{run_banner(spec, len(configs))}; ledger {ledger_path}")
-    return run_grid(configs, ledger_path, timeout_s=timeout_s, retry_failed=retry_failed, progress=progress,
-                    jobs=jobs)
-
-
-def run_banner(spec: GridSpec, n: int) -> str:
-    """What runs where: a probe measures on its device; an estimate runs fake tensors on this CPU for the kernels
-    of its targets (the CPU is not what it sizes)."""
-    if spec.mode != "estimated":
-        return f"probe: {n} configuration(s) × {len(PHASES)} phases on {spec.device}"
-    targets = sorted({t or "cpu" for t in (spec.targets or [""])})
-    return (f"estimate: {n} configuration(s) × {len(PHASES)} phases for the kernels of {', '.join(targets)}, "
-            "under fake tensors on this machine's CPU (no memory touched)")
+    return probe_grid(spec, ledger_path, timeout_s, retry_failed, jobs, say=progress)
 
 
 @click.command()

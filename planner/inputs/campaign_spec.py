@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from planner.errors import CampaignError
@@ -117,6 +116,69 @@ class Campaign:
         ctrl = self.control
         return {k: self.setting(variant, k) for k in VARIANT_SETTINGS
                 if self.setting(variant, k) != self.setting(ctrl, k)}
+
+
+@dataclass(frozen=True)
+class StopRules:
+    """The divergence and stop rules answered into plain values: a run's loop reads these, never the spec."""
+    diverge_above: float  # a loss above this × the run's first loss is divergence
+    on_divergence: bool  # stop_if.diverged: a divergence ends the run (else it is recorded and the run goes on)
+    loss_above: float | None  # stop_if.loss_above: a loss above it stops the run
+
+
+@dataclass(frozen=True)
+class RunVariant:
+    """One variant as `campaign run` trains it: its settings fallen back to the campaign's, and what it changes."""
+    id: str
+    lr: float
+    priority: int
+    seed: int
+    micro_batch: int | None  # None: the run picks the largest that divides its examples per process (up to 8)
+    precision: str
+    checkpointing: bool
+    changes: dict  # what it sets differently from the control (Campaign.changed)
+
+
+@dataclass(frozen=True)
+class CampaignRun:
+    """The spec resolved once, at load, into what a campaign run needs: paths read from the spec's folder, every
+    variant's settings answered, the stop rules plain values. probes/campaign.py runs from this alone."""
+    name: str
+    source: str
+    workload: str  # resolved: file.py:fn and hf:PATH from the spec's folder
+    params: dict  # resolved: data and val_data from the spec's folder
+    seq_len: int
+    effective_batch: int
+    updates: int
+    optimizer: str
+    eval: EvalSpec
+    save_every: int
+    export_adapter: bool
+    control: str
+    quality_target: dict | None
+    stop_if: dict  # as the spec says it (recorded with each run)
+    rules: StopRules
+    variants: tuple[RunVariant, ...]
+
+
+def campaign_run(campaign: Campaign, variants: tuple[Variant, ...] | list[Variant] | None = None) -> CampaignRun:
+    """What a campaign run of `variants` (default: all) needs from the spec, answered now."""
+    chosen = campaign.variants if variants is None else variants
+    return CampaignRun(
+        name=campaign.name, source=campaign.source, workload=resolve_workload(campaign.workload, campaign.base_dir),
+        params=resolve_params(campaign.params, campaign.base_dir), seq_len=campaign.seq_len or 128,
+        effective_batch=campaign.effective_batch, updates=campaign.updates, optimizer=campaign.optimizer,
+        eval=campaign.eval, save_every=campaign.save_every, export_adapter=campaign.export == "adapter",
+        control=campaign.control.id,
+        quality_target=asdict(campaign.quality_target) if campaign.quality_target else None,
+        stop_if=dict(campaign.stop_if),
+        rules=StopRules(campaign.diverge_above, bool(campaign.stop_if.get("diverged", True)),
+                        campaign.stop_if.get("loss_above")),
+        variants=tuple(RunVariant(id=v.id, lr=v.lr, priority=v.priority, seed=v.seed,
+                                  micro_batch=campaign.setting(v, "micro_batch"),
+                                  precision=campaign.setting(v, "precision"),
+                                  checkpointing=bool(campaign.setting(v, "checkpointing")),
+                                  changes=campaign.changed(v)) for v in chosen))
 
 
 def load_campaign(path: str | Path) -> Campaign:
@@ -248,11 +310,3 @@ def _micro_batch(p: Problems, path: str, mb: int, effective_batch: int) -> None:
     if effective_batch % mb:
         p.add(path, f"{mb} does not divide effective_batch {effective_batch} (accumulation must be whole)")
 
-
-def judge_loss(loss: float, first_loss: float | None, diverge_above: float) -> str | None:
-    """Why this update's loss is divergence, or None. Non-finite, or above k × the run's first loss."""
-    if not math.isfinite(loss):
-        return "non-finite loss"
-    if first_loss is not None and math.isfinite(first_loss) and first_loss > 0 and loss > diverge_above * first_loss:
-        return f"loss {loss:.4g} above {diverge_above:g} × the first loss {first_loss:.4g}"
-    return None

@@ -9,6 +9,7 @@ the sheet has no pictures and says so.
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -67,10 +68,74 @@ def _reserved(rows: pd.DataFrame) -> pd.Series:
     return measured.where(measured.notna(), simulated)
 
 
-def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3, headroom: float = 0.10):
+@dataclass(frozen=True)
+class GpuMark:
+    """One candidate GPU on the memory figure: the fit rule's limit (a solid line), its usable memory (dotted)."""
+    limit: float
+    usable: float
+    color: str
+    width: float
+    text: str
+
+
+@dataclass(frozen=True)
+class MemoryPanel:
+    """One configuration's panel: its peaks per phase (PHASES order; NaN where a phase has no line) and title."""
+    allocated: pd.Series
+    reserved: pd.Series
+    title: str
+
+
+@dataclass(frozen=True)
+class MemoryChoice:
+    """What the memory figure draws, chosen from the lines and the sheet (no drawing, no matplotlib)."""
+    panels: list[MemoryPanel]
+    gpus: list[GpuMark]
+    top: float  # the axis's top, in bytes
+    unit: str
+    scale: float
+    has_reserved: bool
+    simulated: bool
+    caption: str
+
+
+def _configs(ok: pd.DataFrame, rec: pd.Series, max_configs: int) -> tuple[str, list[str]]:
+    """The run nearest the planned shape (micro-batch × seq_len), then the largest others."""
+    runs = ok.drop_duplicates("run_id").assign(tokens=lambda d: d["micro_batch"] * d["seq_len"])
+    want = int(rec["micro_batch"]) * int(rec["seq_len"])
+    runs = runs.assign(distance=(runs["tokens"] - want).abs()).sort_values(["distance", "tokens"])
+    planned = runs["run_id"].iloc[0]
+    others = runs[runs["run_id"] != planned].sort_values("tokens", ascending=False)["run_id"].head(max_configs - 1)
+    return planned, [planned, *others]
+
+
+def _gpu_marks(sheet: pd.DataFrame, rec: pd.Series, peak: float, headroom: float) -> tuple[float, list[GpuMark]]:
+    """The axis's top and the GPUs marked on it: the ordered one, the largest that do not fit, the next size up."""
+    gpus = sheet.drop_duplicates("gpu").sort_values("usable_bytes")
+    bigger = gpus[gpus["usable_bytes"] > rec["usable_bytes"]].head(1)
+    marks = pd.concat([sheet.loc[[rec.name]], gpus[gpus["verdict"] == "does not fit"].tail(2), bigger])
+    marks = marks.drop_duplicates("usable_bytes").sort_values("usable_bytes")
+    limits = [fit_limit(g, headroom) for _, g in marks.iterrows()]
+    # The axis holds the bars and the GPU lines near them; lines far above small bars would flatten them to
+    # nothing, so those GPUs are named in the legend with their limit instead of drawn.
+    top = max([peak * 1.25, *(x * 1.08 for x in limits if x <= peak * 4)])
+    colors = ["#7f7f7f", "#9467bd", "#8c564b", "#17becf", "#bcbd22"]
+    gpu_marks = []
+    for k, ((_, g), limit) in enumerate(zip(marks.iterrows(), limits)):
+        ordered_gpu = g["offer"] == rec["offer"]
+        strategy = f", {g['strategy_label']}" if str(g.get("strategy", "single")) != "single" else ""
+        text = (f"{g['gpu']}{strategy}{' (ordered)' if ordered_gpu else ''}: fits below {limit / GiB:.1f} of "
+                f"{float(g['usable_bytes']) / GiB:.0f} GiB")
+        gpu_marks.append(GpuMark(limit, float(g["usable_bytes"]), "black" if ordered_gpu else colors[k % len(colors)],
+                                 1.6 if ordered_gpu else 1.0, text + ("" if limit <= top else " (above this axis)")))
+    return top, gpu_marks
+
+
+def choose_memory(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3,
+                  headroom: float = 0.10) -> MemoryChoice:
     """Peaks per phase for the planned shape first (the probed configuration nearest the ordered micro-batch and
-    seq_len), then the largest others; usable memory of candidate GPUs as labelled lines."""
-    plt = _plt()
+    seq_len), then the largest others; usable memory of candidate GPUs as labelled lines. Pure: memory_figure
+    draws it."""
     ok = lines[(lines["verdict"] == "ok") & (lines["rank"] == 0)] if "rank" in lines else lines[lines["verdict"] == "ok"]
     pick = "ordered" if "ordered" in sheet and sheet["ordered"].any() else "recommended"
     kind = input_kind_of(sheet)  # an image's size is positions, not a sequence
@@ -78,70 +143,22 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
     used = [r for r in str(rec.get("run_ids") or "").split(", ") if r]
     if used and ok["run_id"].isin(used).any():  # the runs that sized the recommendation
         ok = ok[ok["run_id"].isin(used)]
-    runs = ok.drop_duplicates("run_id").assign(tokens=lambda d: d["micro_batch"] * d["seq_len"])
-    want = int(rec["micro_batch"]) * int(rec["seq_len"])
-    runs = runs.assign(distance=(runs["tokens"] - want).abs()).sort_values(["distance", "tokens"])
-    planned = runs["run_id"].iloc[0]
-    others = runs[runs["run_id"] != planned].sort_values("tokens", ascending=False)["run_id"].head(max_configs - 1)
-    configs = [planned, *others]
-    fig, axes = plt.subplots(1, len(configs), figsize=(max(5.0, 4.0 * len(configs)), 5.6), sharey=True,
-                             squeeze=False)
-    gpus = sheet.drop_duplicates("gpu").sort_values("usable_bytes")
-    # The ordered GPU, the largest that do not fit, and the next sizes up from the ordered one.
-    bigger = gpus[gpus["usable_bytes"] > rec["usable_bytes"]].head(1)
-    marks = pd.concat([sheet.loc[[rec.name]], gpus[gpus["verdict"] == "does not fit"].tail(2), bigger])
-    marks = marks.drop_duplicates("usable_bytes").sort_values("usable_bytes")
+    planned, configs = _configs(ok, rec, max_configs)
     has_reserved = bool(_reserved(ok).notna().any())
     simulated = not ok["peak_reserved_bytes"].notna().any()
     peak = max(float(ok["peak_allocated_bytes"].max()), float(_reserved(ok).max() if has_reserved else 0))
-    limits = [fit_limit(g, headroom) for _, g in marks.iterrows()]
-    # The axis holds the bars and the GPU lines near them; lines far above small bars would flatten them to
-    # nothing, so those GPUs are named in the legend with their limit instead of drawn.
-    top = max([peak * 1.25, *(x * 1.08 for x in limits if x <= peak * 4)])
+    top, gpu_marks = _gpu_marks(sheet, rec, peak, headroom)
     unit, scale = ("GiB", GiB) if top >= GiB else ("MiB", MiB)
-    colors = ["#7f7f7f", "#9467bd", "#8c564b", "#17becf", "#bcbd22"]
-    gpu_lines = []
-    for k, ((_, g), limit) in enumerate(zip(marks.iterrows(), limits)):
-        ordered_gpu = g["offer"] == rec["offer"]
-        strategy = f", {g['strategy_label']}" if str(g.get("strategy", "single")) != "single" else ""
-        text = (f"{g['gpu']}{strategy}{' (ordered)' if ordered_gpu else ''}: fits below {limit / GiB:.1f} of "
-                f"{float(g['usable_bytes']) / GiB:.0f} GiB")
-        gpu_lines.append((limit, float(g["usable_bytes"]), "black" if ordered_gpu else colors[k % len(colors)],
-                          1.6 if ordered_gpu else 1.0, text + ("" if limit <= top else " (above this axis)")))
-    for i, (ax, run_id) in enumerate(zip(axes[0], configs)):
+    panels = []
+    for run_id in configs:
         rows = ok[ok["run_id"] == run_id].drop_duplicates("phase", keep="last").set_index("phase").reindex(PHASES)
-        x = range(len(PHASES))
-        ax.bar([k - 0.2 for k in x], rows["peak_allocated_bytes"] / scale, width=0.4, label="allocated peak",
-               color="#4c72b0")
-        if has_reserved:
-            ax.bar([k + 0.2 for k in x], _reserved(rows) / scale, width=0.4, color="#dd8452",
-                   label="reserved peak (simulated)" if simulated else "reserved peak")
-        for limit, usable, color, width, text in gpu_lines:  # the fit rule's limit (solid), usable memory (dotted)
-            if limit <= top:
-                ax.axhline(limit / scale, linestyle="-", linewidth=width, color=color, label=text)
-            if usable <= top:
-                ax.axhline(usable / scale, linestyle=":", linewidth=0.8, color=color)
         r = rows.dropna(subset=["micro_batch"]).iloc[0]
         tag = "planned shape, nearest probed" if run_id == planned else "probed"
         ck = ", checkpointing on" if bool(r["checkpointing"]) else ", checkpointing off"
         ranks = f", {r['strategy']} × {int(r['world_size'])} rank 0" if r["world_size"] > 1 else ""
-        ax.set_title(f"{tag}: mb {int(r['micro_batch'])} × {size_text(kind, int(r['seq_len']))}\n"
-                     f"{r['precision']}{ck}{ranks}",
-                     fontsize=FONT)
-        ax.set_xticks(list(x), PHASES, rotation=50, ha="right", fontsize=FONT - 1)
-        ax.set_ylim(0, top / scale)
-    axes[0][0].set_ylabel(unit)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    from matplotlib.lines import Line2D
-
-    for limit, _, color, width, text in gpu_lines:  # GPUs above the axis still appear in the legend
-        if limit > top:
-            handles.append(Line2D([], [], color=color, linewidth=width, linestyle="-"))
-            labels.append(text)
-    fig.legend(handles, labels, loc="lower center", ncol=1 if len(configs) == 1 else 2, bbox_to_anchor=(0.5, 0.0),
-               frameon=False, fontsize=FONT - 1)
-    rows_below = -(-len(labels) // (1 if len(configs) == 1 else 2))
-    fig.tight_layout(rect=(0, min(0.5, 0.055 * rows_below + 0.02), 1, 1))
+        panels.append(MemoryPanel(rows["peak_allocated_bytes"], _reserved(rows),
+                                  f"{tag}: mb {int(r['micro_batch'])} × {size_text(kind, int(r['seq_len']))}\n"
+                                  f"{r['precision']}{ck}{ranks}"))
     why = "" if has_reserved else " There is no reserved bar: these lines carry no reserved figure."
     sim = " Reserved bars are simulated by the model of CUDA's caching allocator." if simulated and has_reserved else ""
     first = ok[ok["run_id"] == planned].iloc[0]
@@ -152,7 +169,47 @@ def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
                f"ordered one in black): the dotted line is its usable memory, the solid line the most a phase may need "
                f"and fit by the rule (usable ÷ (1 + {headroom:.0%} headroom) − CUDA context and workspaces).{sim} "
                f"Basis: {_basis(ok)}.{why}")
-    return fig, caption
+    return MemoryChoice(panels, gpu_marks, top, unit, scale, has_reserved, simulated, caption)
+
+
+def memory_figure(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3, headroom: float = 0.10):
+    """The memory figure (choose_memory's choice, drawn) and its caption."""
+    choice = choose_memory(lines, sheet, max_configs, headroom)
+    return draw_memory(choice), choice.caption
+
+
+def draw_memory(choice: MemoryChoice):
+    """Allocated and reserved bars per phase, one panel per configuration, GPU lines and a legend below."""
+    plt = _plt()
+    n, scale, top = len(choice.panels), choice.scale, choice.top
+    fig, axes = plt.subplots(1, n, figsize=(max(5.0, 4.0 * n), 5.6), sharey=True, squeeze=False)
+    x = range(len(PHASES))
+    for ax, panel in zip(axes[0], choice.panels):
+        ax.bar([k - 0.2 for k in x], panel.allocated / scale, width=0.4, label="allocated peak", color="#4c72b0")
+        if choice.has_reserved:
+            ax.bar([k + 0.2 for k in x], panel.reserved / scale, width=0.4, color="#dd8452",
+                   label="reserved peak (simulated)" if choice.simulated else "reserved peak")
+        for g in choice.gpus:  # the fit rule's limit (solid), usable memory (dotted)
+            if g.limit <= top:
+                ax.axhline(g.limit / scale, linestyle="-", linewidth=g.width, color=g.color, label=g.text)
+            if g.usable <= top:
+                ax.axhline(g.usable / scale, linestyle=":", linewidth=0.8, color=g.color)
+        ax.set_title(panel.title, fontsize=FONT)
+        ax.set_xticks(list(x), PHASES, rotation=50, ha="right", fontsize=FONT - 1)
+        ax.set_ylim(0, top / scale)
+    axes[0][0].set_ylabel(choice.unit)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    from matplotlib.lines import Line2D
+
+    for g in choice.gpus:  # GPUs above the axis still appear in the legend
+        if g.limit > top:
+            handles.append(Line2D([], [], color=g.color, linewidth=g.width, linestyle="-"))
+            labels.append(g.text)
+    fig.legend(handles, labels, loc="lower center", ncol=1 if n == 1 else 2, bbox_to_anchor=(0.5, 0.0),
+               frameon=False, fontsize=FONT - 1)
+    rows_below = -(-len(labels) // (1 if n == 1 else 2))
+    fig.tight_layout(rect=(0, min(0.5, 0.055 * rows_below + 0.02), 1, 1))
+    return fig
 
 
 def memory_per_phase(lines: pd.DataFrame, sheet: pd.DataFrame, headroom: float) -> dict:
