@@ -17,13 +17,20 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.records import ProbeConfig
-from probes.workloads import count_targets
 
 WARMUP_UPDATES = 10
 CLIP_NORM = 1.0
 SCALE_FLOOR = 1.0 / 2**14  # a loss scale driven this low means fp16 is overflowing on every step
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TRUE_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16}  # everything kept in this dtype
+
+
+def count_targets(workload, batch: dict) -> int:
+    """Targets that count in the loss (the contract's optional count_targets); else the micro-batch size."""
+    if hasattr(workload, "count_targets"):
+        return int(workload.count_targets(batch))
+    first = next(iter(batch.values()))
+    return int(first.shape[0])
 
 
 @contextlib.contextmanager

@@ -23,6 +23,11 @@ from planner.errors import InputError
 from planner.inputs.grid import GridSpec, parse_list, positive_int
 from planner.ledger import Ledger
 from planner.outputs.tables import lines_view, plans_view, render, selection_view
+from planner.inputs.campaign_spec import load_campaign
+from planner.inputs.catalog import load_catalog
+from planner.inputs.names import label_problem
+from planner.units import fmt_usd
+from planner.batching import batch_plan, compare_settings
 
 # ---------------------------------------------------------------- plan
 
@@ -40,9 +45,6 @@ def parse_days(text: str) -> list[int]:
 def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out, offer_id, fmt, all_offers=False):
     from planner.decisions.pipeline import make_plan
     from planner.decisions.select import observed_times
-    from planner.inputs.campaign_spec import load_campaign
-    from planner.inputs.catalog import load_catalog
-    from planner.inputs.names import label_problem
     from planner.outputs.orders import order_for
     from planner.outputs.render import write_outputs
 
@@ -91,7 +93,6 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
 def decision_text(sheet) -> str:
     """What stdout says was decided: the same decision as the sheet, order.json and sky.yaml."""
     from planner.decisions.pipeline import ordered, recommend
-    from planner.units import fmt_usd
 
     def describe(r):
         return (f"{r['offer']} ({r['gpu']}, {r['strategy_label']}, {r['precision']}, micro-batch {r['micro_batch']} × "
@@ -165,8 +166,6 @@ def demo(ledger_path, out, device):
     plan for a 1.3 B-parameter learning-rate sweep sized by estimate for each GPU, and its order sheet.
 
     Example: rentplan demo --out rentplan-out"""
-    from planner.inputs.campaign_spec import load_campaign
-
     campaign_path = example_campaign_path(DEMO_CAMPAIGN)
     campaign = load_campaign(campaign_path)
     pilot = spec_from_options({**DEMO_PILOT, "device": device})
@@ -247,8 +246,6 @@ def batch(micro_batch, grad_accum, replicas, examples, seq_len, drop_last, compa
     """Batch arithmetic: examples and tokens per update, updates per pass, the last partial batch.
 
     Example: rentplan batch --micro-batch 4 --grad-accum 8 --examples 10000 --compare micro=8,accum=4"""
-    from planner.tools.batching import batch_plan, compare_settings
-
     if compare:
         df = compare_settings(micro_batch, grad_accum, replicas, compare, hold, examples, updates, seq_len, drop_last)
         click.echo(render(df, fmt))

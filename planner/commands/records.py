@@ -15,6 +15,9 @@ from planner.outputs.tables import lines_view, render
 
 from planner.commands.common import (catalog_path_option, format_option, friendly_errors, ledger_option,
                                       progress)
+from planner.inputs.catalog import load_catalog, default_catalog_path, import_skypilot, merged_catalog_text, parse_catalog
+from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, load_yaml_file, load_yaml_text
+from planner.storage import atomic_write
 
 
 # ---------------------------------------------------------------- ledger
@@ -81,8 +84,6 @@ def catalog_list(catalog_path, fmt):
     """One row per GPU: memory, speed, features, cheapest offer.
 
     Example: rentplan catalog list --format markdown"""
-    from planner.inputs.catalog import load_catalog
-
     cat = load_catalog(catalog_path)
     offers = cat.offers_frame()
     rows = []
@@ -111,8 +112,6 @@ def catalog_show(gpu_id, catalog_path, fmt):
     Example: rentplan catalog show h100_sxm"""
     from dataclasses import asdict
 
-    from planner.inputs.catalog import load_catalog
-
     cat = load_catalog(catalog_path)
     g = cat.gpu(gpu_id)
     offers = cat.offers_frame()
@@ -133,8 +132,6 @@ def catalog_validate(path):
     """Check a catalog file; every problem is listed at once.
 
     Example: rentplan catalog validate my-catalog.yaml"""
-    from planner.inputs.catalog import load_catalog
-
     cat = load_catalog(path)
     click.echo(f"OK: {cat.source}: {len(cat.gpus)} GPUs, {len(cat.offers)} offers.")
 
@@ -153,9 +150,6 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
 
     Example: rentplan catalog import --skypilot vms.csv --provider lambda --as-of 2026-12-01 --out catalog.yaml"""
     import yaml
-
-    from planner.inputs.catalog import default_catalog_path, import_skypilot, load_catalog, merged_catalog_text
-    from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, load_yaml_file
 
     def cat_data(path):
         return load_yaml_file(path, "catalog", MAX_CATALOG_BYTES)
@@ -183,10 +177,6 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
         text, note = merged_catalog_text(src.read_text(encoding="utf-8"), offers, str(src))
     if note:
         progress(f"note: {note}")
-    from planner.inputs.catalog import parse_catalog
-    from planner.storage import atomic_write
-    from planner.inputs.yamlsafe import load_yaml_text
-
     parse_catalog(load_yaml_text(text, str(out_path), MAX_CATALOG_BYTES), str(out_path))  # the merged catalog validates first ...
     try:
         atomic_write(Path(out_path), text)  # ... then replaces the file in one step

@@ -12,6 +12,8 @@ import pandas as pd
 from tabulate import tabulate
 
 from planner.units import fmt_bytes, fmt_seconds
+from planner.decisions.shapes import input_kind_of
+from planner.shapes import dimension_words
 
 FORMATS = ("table", "markdown", "csv", "json")
 
@@ -79,9 +81,7 @@ def lines_view(df: pd.DataFrame, fmt: str, workload: bool = False) -> pd.DataFra
 def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.DataFrame:
     if fmt in ("csv", "json"):
         return sheet
-    from planner.decisions.shapes import input_kind_of
     from planner.outputs.render import sheet_rows
-    from planner.shapes import dimension_words
 
     rows = pd.DataFrame(sheet_rows(sheet.head(limit) if limit else sheet))
     dims = dimension_words(input_kind_of(sheet))  # "max seq" only where the model has a sequence
