@@ -12,6 +12,8 @@ import random
 import torch
 
 from probes.loop import ResumeError, _UnknownValuesAreOne
+from planner.storage import storage_problem
+from probes.memory import host_side, device_side
 
 
 def weights(trainer) -> dict:
@@ -145,8 +147,6 @@ class DiskFull(OSError):
 def written_whole(path: str, write) -> None:
     """`write(tmp)`, then the file moves to `path` in one step: a crash mid-write never leaves a half file under the
     name, and a failed write leaves no temporary file either; a disk that filled is named."""
-    from planner.storage import storage_problem
-
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         write(tmp)
@@ -221,8 +221,6 @@ def load(trainer, path: str) -> None:
     (memory-mapped, as torch.load(mmap=True) reads it), and each tensor is copied onto the device into the model the
     trainer built (load_state_dict copies in place) or the optimizer's state (its load_state_dict casts it to the
     parameters' device). The torch.load(map_location=device) this replaces put the whole file on the GPU first."""
-    from probes.memory import host_side
-
     with host_side():
         state = safe_load(path)
     if trainer.cfg.strategy == "fsdp":
@@ -234,8 +232,6 @@ def load(trainer, path: str) -> None:
 def restore_from_host(trainer, state: dict) -> None:
     """restore(), from a state read into host memory; what the device then holds of it is counted there (on a CPU
     pilot the device is the host: the optimizer's state and partial gradients become device memory as they are)."""
-    from probes.memory import device_side
-
     restore(trainer, state)
     held = [t for s in trainer.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     held += [p.grad for p in trainer.model.parameters() if p.grad is not None]

@@ -46,6 +46,7 @@ from probes.checkpoint import dir_size
 from probes.memory import LiveTensorTracker, PhaseMeter, reading_notes
 from probes.pilot import cuda_allocator_model, environment, is_oom, last_line, model_libraries
 from probes.positions import position_limit
+from planner.models.kernels import kernel_target
 
 DEFAULT_STEADY_UPDATES = 8
 
@@ -324,8 +325,6 @@ class PhaseRecorder:
 
     def _census_key(self) -> str:
         if self.meter.cuda:
-            from planner.models.kernels import kernel_target
-
             major, minor = torch.cuda.get_device_capability(self.meter.device)
             return kernel_target(f"{major}.{minor}")
         return "cpu"
