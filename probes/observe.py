@@ -39,6 +39,8 @@ from datetime import datetime, timezone
 import torch
 
 from planner.ledger import Ledger, new_id
+from planner.models.kernels import kernel_target
+from planner.optimizers import observed_name
 from planner.records import Line, ProbeConfig, Verdict
 from planner.shapes import InputShape, read_shape
 from probes.census import OpCensus, census_fields, precision_flags
@@ -46,19 +48,18 @@ from probes.checkpoint import dir_size
 from probes.memory import LiveTensorTracker, PhaseMeter, reading_notes
 from probes.pilot import cuda_allocator_model, environment, is_oom, last_line, model_libraries
 from probes.positions import position_limit
-from planner.models.kernels import kernel_target
 
 DEFAULT_STEADY_UPDATES = 8
 
 
 def optimizer_name(optimizer) -> str:
-    """The planner's optimizer names for the ones it sizes (adamw, sgd); otherwise the class name, lowercased."""
+    """The planner's optimizer names for the ones it sizes (planner/optimizers.py); otherwise the class name,
+    lowercased."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate and Lightning wrap the torch optimizer
     name = type(inner).__name__.lower()
     if name == "adamw" and inner.defaults.get("fused"):
         return "adamw_fused"
-    return {"adamw": "adamw", "adam": "adamw", "sgd": "sgd", "adamw8bit": "adamw8bit", "adam8bit": "adamw8bit",
-            "pagedadamw8bit": "paged_adamw8bit", "adafactor": "adafactor"}.get(name, name)
+    return observed_name(name)
 
 
 def state_bytes(optimizer) -> int:

@@ -17,10 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent / "planner"
 PROBES = ROOT.parent / "probes"
 FLOORS = ("ground", "models", "inputs", "decisions", "outputs", "tools", "commands")
 # planner/'s own top-level modules: the records and what every floor shares (units, errors, the ledger and its file
-# writes, input shapes, batch arithmetic), and the CLI that assembles the commands
+# writes, input shapes, batch arithmetic, the optimizer table), and the CLI that assembles the commands
 TOP_LEVEL = {"planner": "ground", "planner.records": "ground", "planner.catalog_records": "ground",
              "planner.units": "ground", "planner.errors": "ground", "planner.storage": "ground",
              "planner.ledger": "ground", "planner.shapes": "ground", "planner.batching": "ground",
+             "planner.optimizers": "ground",
              "planner.cli": "commands", "planner.__main__": "commands"}
 GROUPS = {"measure": {"probe", "estimate"}, "records": {"ledger", "catalog"},
           "decide": {"plan", "demo", "verify", "batch"}, "checks": {"inspect", "overfit", "resume-check", "split"},

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.errors import CampaignError, InputError
-from planner.records import OPTIMIZERS, PRECISIONS
+from planner.optimizers import OPTIMIZERS
+from planner.records import PRECISIONS
 from planner.inputs.schema import spec_models, validate
 from planner.inputs.yamlsafe import Problems, load_yaml_file, load_yaml_text
 from planner.inputs.grid import param_value

@@ -13,7 +13,8 @@ import yaml
 
 from planner.errors import InputError
 from planner.models.kernels import TARGETS, kernel_target
-from planner.records import canonical_precision, OPTIMIZERS, PRECISIONS, ProbeConfig
+from planner.optimizers import OPTIMIZERS
+from planner.records import canonical_precision, PRECISIONS, ProbeConfig
 from planner.units import parse_size
 from planner.inputs.schema import GridEntry, validate
 from planner.inputs.yamlsafe import Problems, load_yaml_file

@@ -16,7 +16,8 @@ import pandas as pd
 
 from planner.batching import largest_micro_batch
 from planner.errors import InputError, LedgerError
-from planner.records import OPTIMIZERS, PRECISIONS
+from planner.optimizers import OPTIMIZERS, optimizer_extra
+from planner.records import PRECISIONS
 from planner.models.memory_model import max_micro_batch
 from planner.inputs.schema import order_models, validate
 from planner.inputs.yamlsafe import Problems, no_duplicate_keys
@@ -72,19 +73,22 @@ def stack_for(rec: pd.Series, lines: pd.DataFrame) -> dict:
 # checks are importable). Names fixed here: they reach sky.yaml's pip line.
 EXTRAS = {"probe": ["torch", "safetensors"], "hf": ["transformers", "peft"], "quant": ["bitsandbytes"],
           "callbacks": ["lightning"]}
-EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit")
 
 
 def workload_extras(workload: str, params: dict, optimizer: str) -> list[str]:
     """hf: configs and the HF Trainer's callback need transformers (and peft for LoRA); QLoRA base weights and 8-bit
-    optimizers need bitsandbytes; Lightning's callback needs lightning."""
+    optimizers need bitsandbytes (each optimizer's extra: planner/optimizers.py); Lightning's callback needs
+    lightning."""
     extras = ["probe"]
     if workload.startswith(("hf:", "trainer:")):
         extras.append("hf")
     if workload.startswith("lightning:"):
         extras.append("callbacks")
-    if (params or {}).get("quantize") or optimizer in EIGHT_BIT_OPTIMIZERS:
+    if (params or {}).get("quantize"):
         extras.append("quant")
+    extra = optimizer_extra(optimizer)
+    if extra and extra not in extras:
+        extras.append(extra)
     return extras
 
 
