@@ -22,7 +22,7 @@ from planner.commands.measure import run_probe
 from planner.errors import InputError
 from planner.inputs.grid import GridSpec, parse_list, positive_int
 from planner.ledger import Ledger
-from planner.outputs.tables import lines_view, plans_view, render, selection_view
+from planner.outputs.tables import for_machines, lines_view, plans_view, render, selection_view
 from planner.inputs.campaign_spec import load_campaign
 from planner.inputs.catalog import load_catalog
 from planner.inputs.names import label_problem
@@ -79,7 +79,7 @@ def plan_and_write(campaign_path, ledger_path, catalog_path, days, headroom, out
                                "order": order}, indent=2, default=str))
         return result
     click.echo(render(selection_view(result.sheet, fmt), fmt))
-    if fmt != "csv":
+    if not for_machines(fmt):  # json was written whole above
         click.echo("")
         click.echo(render(plans_view(result.plans, fmt), fmt))
         click.echo("\n" + decision_text(result.sheet))
@@ -249,7 +249,7 @@ def batch(micro_batch, grad_accum, replicas, examples, seq_len, drop_last, compa
     if compare:
         df = compare_settings(micro_batch, grad_accum, replicas, compare, hold, examples, updates, seq_len, drop_last)
         click.echo(render(df, fmt))
-        if fmt in ("table", "markdown"):
+        if not for_machines(fmt):
             click.echo(df.attrs["summary"] + ". Data replicas multiply examples per update; model parallelism does not.")
         return
     bp = batch_plan(micro_batch, grad_accum, replicas, examples, seq_len, drop_last)

@@ -16,6 +16,13 @@ from planner.decisions.shapes import input_kind_of
 from planner.shapes import dimension_words
 
 FORMATS = ("table", "markdown", "csv", "json")
+# Formats for programs: every field in raw units, no words for people around the table. The one place that says
+# which formats these are; commands ask for_machines(fmt) rather than naming formats.
+MACHINE_FORMATS = ("csv", "json")
+
+
+def for_machines(fmt: str) -> bool:
+    return fmt in MACHINE_FORMATS
 
 
 def _clean(value):
@@ -53,7 +60,7 @@ def shape_text(r) -> str:
 def lines_view(df: pd.DataFrame, fmt: str, workload: bool = False) -> pd.DataFrame:
     """Machine formats get every field in raw units; people get a readable subset (with the workload where the
     lines may be of several: the ledger's)."""
-    if fmt in ("csv", "json"):
+    if for_machines(fmt):
         return df.drop(columns=["seq"], errors="ignore")
     view = pd.DataFrame({
         "run": df["run_id"],
@@ -79,7 +86,7 @@ def lines_view(df: pd.DataFrame, fmt: str, workload: bool = False) -> pd.DataFra
 
 
 def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.DataFrame:
-    if fmt in ("csv", "json"):
+    if for_machines(fmt):
         return sheet
     from planner.outputs.render import sheet_rows
 
@@ -92,7 +99,7 @@ def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.
 
 
 def plans_view(plans: pd.DataFrame, fmt: str) -> pd.DataFrame:
-    if fmt in ("csv", "json"):
+    if for_machines(fmt):
         return plans
     from planner.outputs.render import plan_rows
 
