@@ -15,7 +15,8 @@ from planner.outputs.tables import lines_view, render
 
 from planner.commands.common import (catalog_path_option, format_option, friendly_errors, ledger_option,
                                       progress)
-from planner.inputs.catalog import load_catalog, default_catalog_path, import_skypilot, merged_catalog_text, parse_catalog
+from planner.inputs.catalog import default_catalog_path, load_catalog, merged_catalog_text, parse_catalog
+from planner.inputs.sources import SOURCES
 from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, load_yaml_file, load_yaml_text
 from planner.storage import atomic_write
 
@@ -137,18 +138,27 @@ def catalog_validate(path):
 
 
 @catalog.command("import")
-@click.option("--skypilot", "csv_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="a SkyPilot catalog vms.csv")
+@click.argument("path", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--from", "source", type=click.Choice(list(SOURCES)), default=None,
+              help="the catalog source PATH comes from: " + "; ".join(f"{n}: {m.FILE}" for n, m in SOURCES.items()))
+@click.option("--skypilot", "skypilot_csv", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="a SkyPilot catalog vms.csv (the same as --from skypilot PATH)")
 @click.option("--provider", required=True, help="provider name for the imported offers, e.g. lambda")
-@click.option("--as-of", "as_of", required=True, help="date of the CSV snapshot (YYYY-MM-DD)")
+@click.option("--as-of", "as_of", required=True, help="date of the file's snapshot (YYYY-MM-DD)")
 @catalog_path_option
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
               help="write the merged catalog here (default: print the new offers as YAML)")
 @friendly_errors
-def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
-    """Import offers from a SkyPilot vms.csv (prices per instance; GPU memory from this catalog).
+def catalog_import(path, source, skypilot_csv, provider, as_of, catalog_path, out_path):
+    """Import offers from a catalog source's file (prices per instance; GPU memory from this catalog).
 
-    Example: rentplan catalog import --skypilot vms.csv --provider lambda --as-of 2026-12-01 --out catalog.yaml"""
+    Example: rentplan catalog import --from skypilot vms.csv --provider lambda --as-of 2026-12-01 --out catalog.yaml"""
+    if skypilot_csv:
+        if path or source not in (None, "skypilot"):
+            raise click.UsageError("--skypilot FILE is --from skypilot FILE: give one file and one source.")
+        source, path = "skypilot", skypilot_csv
+    if not source or not path:
+        raise click.UsageError("give the source and its file, e.g. --from skypilot vms.csv.")
     import yaml
 
     def cat_data(path):
@@ -161,7 +171,7 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
     except ValueError:
         raise InputError(f"--as-of {as_of!r} must be the snapshot's date as YYYY-MM-DD.") from None
     cat = load_catalog(catalog_path)
-    offers, skipped = import_skypilot(csv_path, cat, provider, as_of)
+    offers, skipped = SOURCES[source].read(path, cat, provider, as_of)
     for s in skipped:
         progress(f"skipped {s}")
     progress(f"imported {len(offers)} offers, skipped {len(skipped)} rows")
