@@ -14,6 +14,8 @@ import torch
 from probes.loop import ResumeError, _UnknownValuesAreOne
 from planner.storage import storage_problem
 from probes.memory import host_side, device_side
+from probes.hf import adapter_weights as of_model, export_adapter
+from probes.quantize import restore_quant_states
 
 
 def weights(trainer) -> dict:
@@ -25,8 +27,6 @@ def weights(trainer) -> dict:
 
 def adapter_weights(trainer) -> dict | None:
     """The LoRA adapter's tensors where the model has one (what export ships), else None."""
-    from probes.hf import adapter_weights as of_model
-
     with _UnknownValuesAreOne() if trainer.fake else contextlib.nullcontext():  # peft reads the full state dict
         return of_model(getattr(trainer.model, "module", trainer.model))
 
@@ -189,8 +189,6 @@ def export(trainer, path: str, adapter: bool = True) -> int | None:
     (None on a rank whose machine does not hold it)."""
     from safetensors.torch import save_file, save_model
 
-    from probes.hf import export_adapter
-
     if trainer.cfg.strategy == "fsdp":
         full = gathered_weights(trainer)  # every process gives its shards
         if trainer.rank == 0:
@@ -266,8 +264,6 @@ def restore(trainer, state: dict) -> None:
         quantized = getattr(trainer.workload, "quantize", None)
         model_state = state["model"]
         if quantized and not trainer.fake:
-            from probes.quantize import restore_quant_states
-
             model_state = restore_quant_states(trainer.model, model_state, trainer.device)
         elif quantized:  # its value is unknown under fake tensors; bitsandbytes reads the default ("row")
             model_state = {k: v for k, v in model_state.items() if not k.endswith(".weight_format")}
