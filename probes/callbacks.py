@@ -20,7 +20,7 @@ import inspect
 import os
 
 from planner.records import canonical_precision
-from probes.observe import DEFAULT_STEADY_UPDATES, PhaseRecorder, batch_shape, optimizer_name, folder_bytes
+from probes.observe import DEFAULT_STEADY_UPDATES, PhaseRecorder, batch_shape, folder_bytes, optimizer_name
 
 try:  # the base classes only matter where those libraries are installed
     from transformers import TrainerCallback as _HFBase

@@ -11,10 +11,11 @@ import random
 
 import torch
 
-from probes.loop import ResumeError, _UnknownValuesAreOne
 from planner.storage import storage_problem
-from probes.memory import host_side, device_side
-from probes.hf import adapter_weights as of_model, export_adapter
+from probes.hf import adapter_weights as of_model
+from probes.hf import export_adapter
+from probes.loop import ResumeError, _UnknownValuesAreOne
+from probes.memory import device_side, host_side
 from probes.quantize import restore_quant_states
 
 

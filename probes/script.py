@@ -21,8 +21,8 @@ import sys
 
 import torch
 
-from probes.observe import DEFAULT_STEADY_UPDATES, PhaseRecorder, batch_shape, folder_bytes, optimizer_name
 from planner.records import OBSERVED_PHASES, Line, ProbeConfig
+from probes.observe import DEFAULT_STEADY_UPDATES, PhaseRecorder, batch_shape, folder_bytes, optimizer_name
 
 PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 

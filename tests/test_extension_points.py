@@ -14,8 +14,8 @@ def test_the_optimizer_builders_are_keyed_by_the_tables_names():
 
 
 def test_validation_help_observation_and_extras_read_the_optimizer_table():
-    from planner.inputs.grid import GridSpec, build_grid
     from planner.errors import InputError
+    from planner.inputs.grid import GridSpec, build_grid
     from planner.outputs.orders import workload_extras
 
     help_text = CliRunner().invoke(cli, ["probe", "--help"], terminal_width=400).output

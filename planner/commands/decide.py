@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from planner.batching import batch_plan, compare_settings
 from planner.commands.common import (
     catalog_path_option,
     format_option,
@@ -20,14 +21,13 @@ from planner.commands.common import (
 )
 from planner.commands.measure import run_probe
 from planner.errors import InputError
-from planner.inputs.grid import GridSpec, parse_list, positive_int
-from planner.ledger import Ledger
-from planner.outputs.tables import for_machines, lines_view, plans_view, render, selection_view
 from planner.inputs.campaign_spec import load_campaign
 from planner.inputs.catalog import load_catalog
+from planner.inputs.grid import GridSpec, parse_list, positive_int
 from planner.inputs.names import label_problem
+from planner.ledger import Ledger
+from planner.outputs.tables import for_machines, lines_view, plans_view, render, selection_view
 from planner.units import fmt_usd
-from planner.batching import batch_plan, compare_settings
 
 # ---------------------------------------------------------------- plan
 

@@ -1,4 +1,4 @@
-"""catalog.yaml -> typed Gpu and Offer records (planner/catalog_records.py). The only code that knows the catalog's YAML.
+"""catalog.yaml -> typed Gpu and Offer records (planner/catalog_records.py). The only code that knows its YAML.
 
 Validation names every problem at once with its key path; memory is stored in bytes (GiB = 2**30).
 """
@@ -9,7 +9,8 @@ import difflib
 from pathlib import Path
 
 from planner import PACKAGE_DIR
-from planner.catalog_records import DISK_WRITE_MIB_S, Catalog, Gpu, Offer, normalize_gpu_name  # noqa: F401  (re-exported)
+from planner.catalog_records import (  # noqa: F401  (re-exported)
+    DISK_WRITE_MIB_S, Catalog, Gpu, Offer, normalize_gpu_name)
 from planner.errors import CatalogError, InputError
 from planner.units import GiB
 from planner.inputs.schema import Defaults, GpuEntry, OfferEntry, validate

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from planner.errors import InputError
-from planner.inputs.names import label_problem, id_problem
+from planner.inputs.names import id_problem, label_problem
 
 MAX_YAML_BYTES = 2 * 1024 * 1024  # specs and grids are a few KiB
 # A full SkyPilot catalog (20,000 offers) is about 8 MiB as rentplan YAML: four times that, and no more.

@@ -29,8 +29,8 @@ import yaml
 
 from planner.errors import InputError
 from planner.inputs.campaign_spec import FILE_PARAMS, parse_campaign, resolve_path
-from planner.inputs.yamlsafe import load_yaml_file
 from planner.inputs.modules import local_modules
+from planner.inputs.yamlsafe import load_yaml_file
 
 REMOTE_WORKDIR = "~/sky_workdir"
 OUTSIDE = ".rentplan-launch"

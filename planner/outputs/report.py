@@ -15,9 +15,9 @@ import pandas as pd
 from planner import __version__
 from planner.errors import InputError, LedgerError
 from planner.ledger import Ledger
-from planner.units import fmt_usd
-from planner.storage import made_or_nothing, write_all
 from planner.outputs.render import render_template
+from planner.storage import made_or_nothing, write_all
+from planner.units import fmt_usd
 
 
 def _config(run) -> dict:

@@ -23,11 +23,11 @@ import shlex
 
 import yaml
 
+from planner import PACKAGE_DIR, __version__
 from planner.inputs.campaign_spec import KEPT_CHECKPOINTS
 from planner.outputs.launch import OWN_LOOPS, Launch, source_problem
-from planner.units import fmt_bytes
 from planner.outputs.orders import EXTRAS
-from planner import PACKAGE_DIR, __version__
+from planner.units import fmt_bytes
 
 GiB = 1024**3
 # Catalog GPU id -> SkyPilot accelerator name (sky/catalog data, `sky show-gpus`).

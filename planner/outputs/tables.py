@@ -11,9 +11,9 @@ import math
 import pandas as pd
 from tabulate import tabulate
 
-from planner.units import fmt_bytes, fmt_seconds
 from planner.decisions.shapes import input_kind_of
 from planner.shapes import dimension_words
+from planner.units import fmt_bytes, fmt_seconds
 
 FORMATS = ("table", "markdown", "csv", "json")
 # Formats for programs: every field in raw units, no words for people around the table. The one place that says
