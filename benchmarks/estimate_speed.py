@@ -50,7 +50,7 @@ print(json.dumps({{"wall_s": wall, "verdicts": sorted(set(df["verdict"])),
 IN_PROCESS = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
-import probes.warm  # what the forkserver has loaded before a worker starts
+import probes.runner, probes.warm  # what the forkserver has loaded before a worker starts
 from planner.records import PHASES, ProbeConfig
 from probes.pilot import Pilot
 cfg = ProbeConfig(params_json=json.dumps({shape!r}, sort_keys=True), micro_batch=1, seq_len=2048, eval_seq_len=2048,

@@ -14,12 +14,13 @@ from typing import Callable
 
 import pandas as pd
 
+from planner.catalog_records import Catalog
 from planner.decisions.pipeline import PlanResult, make_plan, ordered, recommend
 from planner.decisions.plans import nothing_to_order, window_notes
 from planner.decisions.select import observed_times
 from planner.errors import InputError
 from planner.inputs.campaign_spec import Campaign, load_campaign
-from planner.inputs.catalog import Catalog, load_catalog
+from planner.inputs.catalog import load_catalog
 from planner.inputs.grid import parse_list, positive_int
 from planner.inputs.names import label_problem
 from planner.ledger import Ledger

@@ -12,6 +12,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from planner.optimizers import OPTIMIZERS  # noqa: F401  (re-exported: the names live in planner/optimizers.py)
+
 
 class Verdict(str, enum.Enum):
     """How a phase ended. `skipped` = not reached because an earlier phase of the run failed."""
@@ -40,7 +42,6 @@ PRECISIONS = ("fp32", "bf16", "fp16", "bf16-true", "16-true")
 PRECISION_ALIASES = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16", "16-mixed": "fp16", "16": "fp16",
                      "fp16-true": "16-true"}
 TRUE_PRECISIONS = {"bf16-true": "bf16", "16-true": "fp16"}  # the tensor dtype each one keeps everything in
-OPTIMIZERS = ("adamw", "adamw_fused", "sgd", "adamw8bit", "paged_adamw8bit", "adafactor")
 
 
 def canonical_precision(name: str) -> str:

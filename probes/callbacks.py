@@ -20,7 +20,7 @@ import inspect
 import os
 
 from planner.records import canonical_precision
-from probes.observe import DEFAULT_STEADY_UPDATES, PhaseRecorder, batch_shape, optimizer_name
+from probes.observe import DEFAULT_STEADY_UPDATES, PhaseRecorder, batch_shape, folder_bytes, optimizer_name
 
 try:  # the base classes only matter where those libraries are installed
     from transformers import TrainerCallback as _HFBase
@@ -173,8 +173,6 @@ def _hf_strategy(args) -> str:
 
 
 def _size(path: str | None) -> int | None:
-    from probes.observe import folder_bytes
-
     return folder_bytes(path) if path else None
 
 

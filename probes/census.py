@@ -21,6 +21,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import conv_flop_count, flop_registry
+from probes.loop import Trainer
+from probes.memory import LiveTensorTracker
 
 aten = torch.ops.aten
 _DEVICE = torch.ops.prim.device.default
@@ -230,9 +232,6 @@ def census(workload, cfg, kernels=contextlib.nullcontext) -> dict:
     model, so that the optimizer's state already exists) under fake tensors.
     The process's RNG is saved and restored: the real run that follows sees the same random numbers."""
     from probes.fake import EstimateFakeMode
-    from probes.loop import Trainer
-
-    from probes.memory import LiveTensorTracker
 
     # Per rank, the compute of DDP and FSDP is that of one process (collectives are timed by the planner).
     one = dataclasses.replace(cfg, strategy="single", world_size=1)

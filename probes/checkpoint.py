@@ -11,7 +11,12 @@ import random
 
 import torch
 
+from planner.storage import storage_problem
+from probes.hf import adapter_weights as of_model
+from probes.hf import export_adapter
 from probes.loop import ResumeError, _UnknownValuesAreOne
+from probes.memory import device_side, host_side
+from probes.quantize import restore_quant_states
 
 
 def weights(trainer) -> dict:
@@ -23,8 +28,6 @@ def weights(trainer) -> dict:
 
 def adapter_weights(trainer) -> dict | None:
     """The LoRA adapter's tensors where the model has one (what export ships), else None."""
-    from probes.hf import adapter_weights as of_model
-
     with _UnknownValuesAreOne() if trainer.fake else contextlib.nullcontext():  # peft reads the full state dict
         return of_model(getattr(trainer.model, "module", trainer.model))
 
@@ -145,8 +148,6 @@ class DiskFull(OSError):
 def written_whole(path: str, write) -> None:
     """`write(tmp)`, then the file moves to `path` in one step: a crash mid-write never leaves a half file under the
     name, and a failed write leaves no temporary file either; a disk that filled is named."""
-    from planner.storage import storage_problem
-
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         write(tmp)
@@ -189,8 +190,6 @@ def export(trainer, path: str, adapter: bool = True) -> int | None:
     (None on a rank whose machine does not hold it)."""
     from safetensors.torch import save_file, save_model
 
-    from probes.hf import export_adapter
-
     if trainer.cfg.strategy == "fsdp":
         full = gathered_weights(trainer)  # every process gives its shards
         if trainer.rank == 0:
@@ -221,8 +220,6 @@ def load(trainer, path: str) -> None:
     (memory-mapped, as torch.load(mmap=True) reads it), and each tensor is copied onto the device into the model the
     trainer built (load_state_dict copies in place) or the optimizer's state (its load_state_dict casts it to the
     parameters' device). The torch.load(map_location=device) this replaces put the whole file on the GPU first."""
-    from probes.memory import host_side
-
     with host_side():
         state = safe_load(path)
     if trainer.cfg.strategy == "fsdp":
@@ -234,8 +231,6 @@ def load(trainer, path: str) -> None:
 def restore_from_host(trainer, state: dict) -> None:
     """restore(), from a state read into host memory; what the device then holds of it is counted there (on a CPU
     pilot the device is the host: the optimizer's state and partial gradients become device memory as they are)."""
-    from probes.memory import device_side
-
     restore(trainer, state)
     held = [t for s in trainer.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
     held += [p.grad for p in trainer.model.parameters() if p.grad is not None]
@@ -270,8 +265,6 @@ def restore(trainer, state: dict) -> None:
         quantized = getattr(trainer.workload, "quantize", None)
         model_state = state["model"]
         if quantized and not trainer.fake:
-            from probes.quantize import restore_quant_states
-
             model_state = restore_quant_states(trainer.model, model_state, trainer.device)
         elif quantized:  # its value is unknown under fake tensors; bitsandbytes reads the default ("row")
             model_state = {k: v for k, v in model_state.items() if not k.endswith(".weight_format")}

@@ -17,8 +17,9 @@ import torch
 from planner.records import ProbeConfig
 from probes.builtin import IGNORE
 from probes import checkpoint
-from probes.loop import Trainer
-from probes.workloads import count_targets, load_workload
+from probes.loop import Trainer, count_targets
+from probes.workloads import load_workload
+from probes.runner import call_in_worker
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -299,8 +300,6 @@ def resume_check(ref: str, params: dict, updates: int = 10, at: int = 5, at_micr
                  micro_batch: int = 2, seq_len: int = 32, precision: str = "fp32", device: str = "cpu",
                  timeout_s: float = 600) -> ResumeReport:
     """A uninterrupted; B stops at `at` (+at_micro micro-batches) and saves; C loads it in a fresh process."""
-    from probes.runner import call_in_worker
-
     if not 0 < at < updates:
         raise ValueError(f"--at must be between 1 and {updates - 1}")
     if not 0 <= at_micro < grad_accum:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from planner.errors import WorkloadError
+from probes.loop import remake_real_tensors
 
 IGNORE = -100
 
@@ -239,8 +240,6 @@ class HFWorkload:
         # Under the estimate's modes peft's module moves fail on fake parameters: it wraps the layers outside
         # them, and the adapter's (real, small) tensors are then made anew as fake tensors the tracker counts.
         from torch.utils._python_dispatch import _disable_current_modes
-
-        from probes.loop import remake_real_tensors
 
         with _disable_current_modes():
             model = self._with_lora(model)

@@ -17,13 +17,20 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.records import ProbeConfig
-from probes.workloads import count_targets
 
 WARMUP_UPDATES = 10
 CLIP_NORM = 1.0
 SCALE_FLOOR = 1.0 / 2**14  # a loss scale driven this low means fp16 is overflowing on every step
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TRUE_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16}  # everything kept in this dtype
+
+
+def count_targets(workload, batch: dict) -> int:
+    """Targets that count in the loss (the contract's optional count_targets); else the micro-batch size."""
+    if hasattr(workload, "count_targets"):
+        return int(workload.count_targets(batch))
+    first = next(iter(batch.values()))
+    return int(first.shape[0])
 
 
 @contextlib.contextmanager
@@ -309,22 +316,27 @@ class _MetaValuesAreZero(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def make_optimizer(name: str, params: list, lr: float, fake: bool = False) -> torch.optim.Optimizer:
-    """The optimizers rentplan sizes. AdamW and SGD as torch runs them on CUDA by default (foreach: one launch
-    per group of tensors, with list-sized temporaries); 8-bit AdamW from bitsandbytes (two uint8 moments with
-    a float32 absmax per block of 256); Adafactor from torch (a factored second moment: a row and a column
-    vector per matrix)."""
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=True)
-    if name == "adamw_fused":  # one kernel per group of tensors, without foreach's list-sized temporaries
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, foreach=True)
-    if name == "adafactor":
-        if not hasattr(torch.optim, "Adafactor"):
-            raise RuntimeError(f"torch {torch.__version__} has no torch.optim.Adafactor (torch >= 2.5 has it)")
-        return torch.optim.Adafactor(params, lr=lr, foreach=True)
-    if name in ("adamw8bit", "paged_adamw8bit"):
+def _adamw(params: list, lr: float, fake: bool) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=True)
+
+
+def _adamw_fused(params: list, lr: float, fake: bool) -> torch.optim.Optimizer:
+    # one kernel per group of tensors, without foreach's list-sized temporaries
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
+
+
+def _sgd(params: list, lr: float, fake: bool) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=lr, foreach=True)
+
+
+def _adafactor(params: list, lr: float, fake: bool) -> torch.optim.Optimizer:
+    if not hasattr(torch.optim, "Adafactor"):
+        raise RuntimeError(f"torch {torch.__version__} has no torch.optim.Adafactor (torch >= 2.5 has it)")
+    return torch.optim.Adafactor(params, lr=lr, foreach=True)
+
+
+def _eight_bit(name: str):
+    def build(params: list, lr: float, fake: bool) -> torch.optim.Optimizer:
         try:
             import bitsandbytes as bnb
         except ImportError:
@@ -336,7 +348,23 @@ def make_optimizer(name: str, params: list, lr: float, fake: bool = False) -> to
 
         with unset_fake_temporarily():  # its quantization map (2 × 256 floats) is built from Python numbers
             return cls(params, lr=lr, weight_decay=0.0)
-    raise ValueError(f"unknown optimizer {name!r}")
+
+    return build
+
+
+# One builder per name of planner/optimizers.py's table (a test checks the keys are its names).
+OPTIMIZER_BUILDERS = {"adamw": _adamw, "adamw_fused": _adamw_fused, "sgd": _sgd, "adamw8bit": _eight_bit("adamw8bit"),
+                      "paged_adamw8bit": _eight_bit("paged_adamw8bit"), "adafactor": _adafactor}
+
+
+def make_optimizer(name: str, params: list, lr: float, fake: bool = False) -> torch.optim.Optimizer:
+    """The optimizers rentplan sizes. AdamW and SGD as torch runs them on CUDA by default (foreach: one launch
+    per group of tensors, with list-sized temporaries); 8-bit AdamW from bitsandbytes (two uint8 moments with
+    a float32 absmax per block of 256); Adafactor from torch (a factored second moment: a row and a column
+    vector per matrix)."""
+    if name not in OPTIMIZER_BUILDERS:
+        raise ValueError(f"unknown optimizer {name!r}")
+    return OPTIMIZER_BUILDERS[name](params, lr, fake)
 
 
 def remake_tensors(model: torch.nn.Module, skip=lambda t: False, dtype: torch.dtype | None = None) -> torch.nn.Module:

@@ -39,6 +39,8 @@ from datetime import datetime, timezone
 import torch
 
 from planner.ledger import Ledger, new_id
+from planner.models.kernels import kernel_target
+from planner.optimizers import observed_name
 from planner.records import Line, ProbeConfig, Verdict
 from planner.shapes import InputShape, read_shape
 from probes.census import OpCensus, census_fields, precision_flags
@@ -51,13 +53,13 @@ DEFAULT_STEADY_UPDATES = 8
 
 
 def optimizer_name(optimizer) -> str:
-    """The planner's optimizer names for the ones it sizes (adamw, sgd); otherwise the class name, lowercased."""
+    """The planner's optimizer names for the ones it sizes (planner/optimizers.py); otherwise the class name,
+    lowercased."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate and Lightning wrap the torch optimizer
     name = type(inner).__name__.lower()
     if name == "adamw" and inner.defaults.get("fused"):
         return "adamw_fused"
-    return {"adamw": "adamw", "adam": "adamw", "sgd": "sgd", "adamw8bit": "adamw8bit", "adam8bit": "adamw8bit",
-            "pagedadamw8bit": "paged_adamw8bit", "adafactor": "adafactor"}.get(name, name)
+    return observed_name(name)
 
 
 def state_bytes(optimizer) -> int:
@@ -324,8 +326,6 @@ class PhaseRecorder:
 
     def _census_key(self) -> str:
         if self.meter.cuda:
-            from planner.models.kernels import kernel_target
-
             major, minor = torch.cuda.get_device_capability(self.meter.device)
             return kernel_target(f"{major}.{minor}")
         return "cpu"

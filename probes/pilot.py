@@ -31,6 +31,8 @@ from probes.loop import NonFinite, Trainer
 from probes.memory import LiveTensorTracker, PhaseMeter, host_side, reading_notes
 from probes.positions import position_limit
 from probes.workloads import load_workload
+from planner.models.allocator import AllocatorConfig, CachingAllocator
+from planner.errors import InputError
 
 Emit = Callable[[str, object], None]
 TRAIN_WORKER_PHASES = ("setup", "first_step", "steady", "eval", "save", "export")
@@ -40,8 +42,6 @@ def cuda_allocator_model(limit_bytes: int | None = None):
     """The CUDA caching allocator model, configured as PYTORCH_CUDA_ALLOC_CONF asks, under a memory limit as
     set_per_process_memory_fraction sets one (--cap). None: an option the model does not follow; the line then
     has no simulated reserved figure (and a cap counts allocated bytes)."""
-    from planner.models.allocator import AllocatorConfig, CachingAllocator
-
     try:
         return CachingAllocator(AllocatorConfig.parse(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), limit_bytes))
     except ValueError:
@@ -52,8 +52,6 @@ def available_device(device: str, ranks: int = 1) -> str:
     """'auto' -> cuda when present, else cpu; 'cuda[:N]' only when this machine has that device; `ranks` ranks on
     CUDA only when each has a GPU of its own (rank r runs on cuda:r). Asked in the command's own process, never in
     one that forks workers (probes/warm.py says why)."""
-    from planner.errors import InputError
-
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cpu":

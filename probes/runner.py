@@ -31,6 +31,9 @@ import pandas as pd
 
 from planner.ledger import Ledger, holding, lines_frame, new_id
 from planner.records import PHASES, Line, ProbeConfig, Verdict
+from probes.ranks import launch, rank_file
+from planner.errors import InputError
+from probes.distributed import init_fake_process_group
 
 DEFAULT_TIMEOUT_S = 900.0
 _CTX = None
@@ -41,7 +44,10 @@ def _context():
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["probes.warm"])
+        # the workers' entry point (this module: pandas, via the ledger), then probes/warm.py's warm-up; warm.py
+        # does not import this module itself, so that the rank a launcher spawns (probes/ranks.py) warms up
+        # without a circle back to here
+        _CTX.set_forkserver_preload(["probes.runner", "probes.warm"])
     return _CTX
 
 
@@ -124,8 +130,6 @@ def _worker_main(phases: tuple[str, ...], cfg_dict: dict, workdir: str, run_id: 
     try:
         cfg = ProbeConfig(**cfg_dict)
         if cfg.world_size > 1:  # only estimates get here: rank 0 of N on a process group that sends nothing
-            from probes.distributed import init_fake_process_group
-
             init_fake_process_group(cfg.world_size)
         Pilot(cfg, workdir, emit, run_id, probe_id).run(phases)
     except BaseException as e:  # noqa: BLE001  a setup failure before any phase: report, do not hide
@@ -347,8 +351,6 @@ def jobs_limit() -> int | None:
     if not raw:
         return None
     if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
-        from planner.errors import InputError
-
         raise InputError(f"RENTPLAN_JOBS={raw[:40]!r}: a whole number of estimates to run side by side, 1 or more. "
                          "Set it so (e.g. RENTPLAN_JOBS=2), or unset it for one per usable core.")
     return int(raw)
@@ -499,8 +501,6 @@ def _pid_alive(pid: int) -> bool:
 def _launch_main(phases, cfg_dict, workdir, run_id, probe_id, conn) -> None:
     os.setpgrp()  # the launcher and every rank share this group: one killpg ends them all
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from probes.distributed import launch
-
     try:
         launch(phases, cfg_dict, workdir, run_id, probe_id)
         conn.send(("done", ""))
@@ -514,8 +514,6 @@ def _launch_main(phases, cfg_dict, workdir, run_id, probe_id, conn) -> None:
 
 def _read_rank_files(workdir: str, run_id: str, phases, world: int, offsets: dict, outs: dict, on_line,
                      on_phase) -> None:
-    from probes.distributed import rank_file
-
     for rank in range(world):
         path = rank_file(workdir, run_id, rank, phases[0])
         if not os.path.exists(path):

@@ -21,6 +21,7 @@ import sys
 
 import torch
 
+from planner.records import OBSERVED_PHASES, Line, ProbeConfig
 from probes.observe import DEFAULT_STEADY_UPDATES, PhaseRecorder, batch_shape, folder_bytes, optimizer_name
 
 PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -209,7 +210,6 @@ def write_verdict_line(ledger: str, lines, run_id: str, workload: str, verdict: 
     from datetime import datetime, timezone
 
     from planner.ledger import Ledger
-    from planner.records import OBSERVED_PHASES, Line, ProbeConfig
 
     done = set(lines["phase"]) if len(lines) else set()
     phase = next((p for p in OBSERVED_PHASES if p not in done), "export")

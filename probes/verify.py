@@ -18,6 +18,9 @@ from planner.models.memory_model import phase_bytes
 from planner.outputs.orders import load_order
 from planner.records import ProbeConfig
 from planner.models.timing import match_catalog_gpu
+from planner.errors import WorkloadError
+from probes.workloads import locate_workload
+from probes.runner import run_grid
 
 MEMORY_TOLERANCE = 0.10  # the pilot's need may exceed the planned need by this much before we refuse
 SLOW_TOLERANCE = 1.5  # ... and its update time the slow end of the range by this factor
@@ -97,9 +100,6 @@ def software_checks(order: dict) -> list[dict]:
         checks.append(_check("torch build", build == kind,
                              f"{torch.__version__} is the {build.upper()} build; the order is for {kind.upper()}"
                              + ("" if build == kind else f": {fix}")))
-    from planner.errors import WorkloadError
-    from probes.workloads import locate_workload
-
     try:
         checks.append(_check("workload", True, locate_workload(order["settings"]["workload"])))
     except WorkloadError as e:
@@ -127,8 +127,6 @@ def installed_version(name: str) -> str | None:
 
 
 def pilot_checks(order: dict, device: str, ledger_path: str | None, progress) -> list[dict]:
-    from probes.runner import run_grid
-
     s, plan = order["settings"], order["plan"]
     cfg = ProbeConfig(workload=s["workload"], params_json=json.dumps(s["params"], sort_keys=True),
                       micro_batch=s["micro_batch"], seq_len=s["seq_len"], eval_seq_len=s["eval_seq_len"],

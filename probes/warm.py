@@ -18,7 +18,7 @@ from safetensors.torch import save_model  # noqa: F401
 
 import probes.builtin  # noqa: F401
 import probes.pilot  # noqa: F401
-import probes.runner  # noqa: F401  the workers' entry point (and pandas, via the ledger)
+from planner.records import PHASES, ProbeConfig
 
 
 def _warm() -> None:
@@ -33,8 +33,6 @@ def _warm_estimates() -> None:
     import and register their parts here, once, rather than in every estimate's worker."""
     import json
     import tempfile
-
-    from planner.records import PHASES, ProbeConfig
 
     cfg = ProbeConfig(params_json=json.dumps({"layers": 1, "d_model": 16, "heads": 2, "vocab": 32, "dropout": 0.1}),
                       micro_batch=1, seq_len=8, eval_seq_len=8, precision="bf16", mode="estimated", target="sm80+")

@@ -18,7 +18,7 @@ from typing import Any
 from planner.errors import WorkloadError
 
 REQUIRED = ("name", "build_model", "make_batch", "compute_loss")
-from planner.tools.modules import OWN_PACKAGES, _installed, local_modules  # noqa: F401  (re-exported)
+from planner.inputs.modules import OWN_PACKAGES, _installed, local_modules  # noqa: F401  (re-exported)
 
 
 def _builtin(name: str):
@@ -274,10 +274,3 @@ def _signature(factory) -> str:
         return str(inspect.signature(factory))
     except (TypeError, ValueError):
         return "(unknown)"
-
-
-def count_targets(workload, batch: dict) -> int:
-    if hasattr(workload, "count_targets"):
-        return int(workload.count_targets(batch))
-    first = next(iter(batch.values()))
-    return int(first.shape[0])

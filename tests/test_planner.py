@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.tools.batching import accumulation_for, batch_plan
+from planner.batching import accumulation_for, batch_plan
 from planner.inputs.campaign_spec import load_campaign_text
 from planner.inputs.catalog import load_catalog
 from planner.errors import InputError, NoFeasibleGpu

@@ -9,7 +9,7 @@ import click
 from planner.errors import InputError
 from planner.inputs.grid import (parse_list)
 from planner.ledger import Ledger
-from planner.outputs.tables import render
+from planner.outputs.tables import for_machines, render
 
 from planner.commands.common import (format_option, friendly_errors, ledger_option,
                                       progress, resolve_device)
@@ -130,7 +130,7 @@ def campaign_report(spec, ledger_path, name, price_per_hour, out, show_predictio
         click.echo("")
         click.echo(render(preds[["variant", "seed", "run_id", "update_no", "item", "prediction", "target"]], fmt)
                    if len(preds) else "no predictions kept (the workload has no predict())")
-    if fmt in ("table", "markdown"):
+    if not for_machines(fmt):
         click.echo("")
         click.echo(render(table.drop(columns=["detail", "started_at", "outcome", "control", "quality_target"]), fmt))
         click.echo(f"\nConclusion: {said}")

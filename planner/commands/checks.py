@@ -12,6 +12,7 @@ from planner.inputs.grid import (parse_params)
 from planner.outputs.tables import render
 
 from planner.commands.common import (format_option, friendly_errors, progress, workload_options)
+from planner.tools.splits import check_splits, parse_ratios, read_table, split_frame, write_table
 
 
 # ---------------------------------------------------------------- checks
@@ -133,8 +134,6 @@ def split(data, by, time_col, gap, ratios, seed, out, check, fmt):
     """Leakage-safe splits by group (and time), or --check existing splits for shared groups and duplicates.
 
     Example: rentplan split data.jsonl --by user_id --out splits/"""
-    from planner.tools.splits import check_splits, parse_ratios, read_table, split_frame, write_table
-
     if check:
         if len(data) not in (2, 3):
             raise InputError("split --check takes TRAIN VAL [TEST].")

@@ -10,6 +10,7 @@ import sys
 import click
 
 from planner.errors import RentplanError
+from planner.optimizers import optimizer_help
 from planner.storage import WriteError
 from planner.inputs.grid import GridSpec
 from planner.outputs.tables import FORMATS
@@ -93,8 +94,7 @@ def grid_options(fn):
         click.option("--eval-micro-batch", default=None, type=int, help="default: the micro-batch"),
         click.option("--precision", default=None, help="comma list of fp32 (32-true), bf16 (bf16-mixed), fp16 (16-mixed), bf16-true, 16-true"),
         click.option("--checkpointing", default=None, help="comma list of off,on"),
-        click.option("--optimizer", default=None,
-                     help="comma list of adamw (foreach), adamw_fused, sgd, adamw8bit, paged_adamw8bit, adafactor"),
+        click.option("--optimizer", default=None, help=optimizer_help()),
         click.option("--grad-accum", default=None, help="comma list"),
         click.option("--effective-batch", default=None, type=int,
                      help="examples per update; sets grad-accum = N / micro-batch"),

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from planner.batching import batch_plan, compare_settings
 from planner.commands.common import (
     catalog_path_option,
     format_option,
@@ -19,8 +20,9 @@ from planner.commands.common import (
     spec_from_options,
 )
 from planner.errors import InputError
+from planner.inputs.campaign_spec import load_campaign
 from planner.inputs.grid import GridSpec
-from planner.outputs.tables import lines_view, plans_view, render, selection_view
+from planner.outputs.tables import for_machines, lines_view, plans_view, render, selection_view
 
 # ---------------------------------------------------------------- plan
 
@@ -42,7 +44,7 @@ def show_plan(campaign_path, ledger_path, catalog_path, days, headroom, out, off
                                "order": made.order}, indent=2, default=str))
         return
     click.echo(render(selection_view(made.sheet, fmt), fmt))
-    if fmt != "csv":
+    if not for_machines(fmt):  # json was written whole above
         click.echo("")
         click.echo(render(plans_view(made.plans, fmt), fmt))
         click.echo("\n" + made.decision)
@@ -101,7 +103,6 @@ def demo(ledger_path, out, device):
     plan for a 1.3 B-parameter learning-rate sweep sized by estimate for each GPU, and its order sheet.
 
     Example: rentplan demo --out rentplan-out"""
-    from planner.inputs.campaign_spec import load_campaign
     from probes.api import probe
 
     campaign_path = example_campaign_path(DEMO_CAMPAIGN)
@@ -184,12 +185,10 @@ def batch(micro_batch, grad_accum, replicas, examples, seq_len, drop_last, compa
     """Batch arithmetic: examples and tokens per update, updates per pass, the last partial batch.
 
     Example: rentplan batch --micro-batch 4 --grad-accum 8 --examples 10000 --compare micro=8,accum=4"""
-    from planner.tools.batching import batch_plan, compare_settings
-
     if compare:
         df = compare_settings(micro_batch, grad_accum, replicas, compare, hold, examples, updates, seq_len, drop_last)
         click.echo(render(df, fmt))
-        if fmt in ("table", "markdown"):
+        if not for_machines(fmt):
             click.echo(df.attrs["summary"] + ". Data replicas multiply examples per update; model parallelism does not.")
         return
     bp = batch_plan(micro_batch, grad_accum, replicas, examples, seq_len, drop_last)

@@ -9,14 +9,18 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from planner.commands.common import (
+    format_option,
+    friendly_errors,
+    grid_options,
+    ledger_option,
+    progress,
+    spec_from_options,
+)
 from planner.errors import InputError
-from planner.inputs.grid import (GridSpec, build_grid, checked_count, checked_timeout, resolve_cap, resolve_targets)
+from planner.inputs.grid import GridSpec, build_grid, checked_count, checked_timeout, resolve_cap, resolve_targets
 from planner.ledger import Ledger, read_lines
-from planner.outputs.tables import lines_view, render
-
-from planner.commands.common import (format_option, friendly_errors, grid_options, ledger_option,
-                                      progress, spec_from_options)
-
+from planner.outputs.tables import for_machines, lines_view, render
 
 # ---------------------------------------------------------------- probe
 
@@ -146,7 +150,7 @@ def estimate(ledger_path, target, timeout_s, jobs, fmt, **opts):
     click.echo(render(lines_view(df, fmt), fmt))
     if not result.interrupted:
         nothing_measured(result.frame(), spec, ledger_path, "drop --cap to see the need it has")
-    if fmt in ("table", "markdown"):
+    if not for_machines(fmt):
         click.echo("estimated: allocated bytes under FakeTensorMode with each target's kernels; reserved simulated "
                    "by a model of CUDA's caching allocator; no times (the planner times from the op census).")
         if spec.nproc > 1:

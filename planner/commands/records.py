@@ -15,6 +15,10 @@ from planner.outputs.tables import lines_view, render
 
 from planner.commands.common import (catalog_path_option, format_option, friendly_errors, ledger_option,
                                       progress)
+from planner.inputs.catalog import default_catalog_path, load_catalog, merged_catalog_text, parse_catalog
+from planner.inputs.sources import SOURCES
+from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, load_yaml_file, load_yaml_text
+from planner.storage import atomic_write
 
 
 # ---------------------------------------------------------------- ledger
@@ -81,8 +85,6 @@ def catalog_list(catalog_path, fmt):
     """One row per GPU: memory, speed, features, cheapest offer.
 
     Example: rentplan catalog list --format markdown"""
-    from planner.inputs.catalog import load_catalog
-
     cat = load_catalog(catalog_path)
     offers = cat.offers_frame()
     rows = []
@@ -111,8 +113,6 @@ def catalog_show(gpu_id, catalog_path, fmt):
     Example: rentplan catalog show h100_sxm"""
     from dataclasses import asdict
 
-    from planner.inputs.catalog import load_catalog
-
     cat = load_catalog(catalog_path)
     g = cat.gpu(gpu_id)
     offers = cat.offers_frame()
@@ -133,29 +133,33 @@ def catalog_validate(path):
     """Check a catalog file; every problem is listed at once.
 
     Example: rentplan catalog validate my-catalog.yaml"""
-    from planner.inputs.catalog import load_catalog
-
     cat = load_catalog(path)
     click.echo(f"OK: {cat.source}: {len(cat.gpus)} GPUs, {len(cat.offers)} offers.")
 
 
 @catalog.command("import")
-@click.option("--skypilot", "csv_path", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="a SkyPilot catalog vms.csv")
+@click.argument("path", required=False, type=click.Path(exists=True, dir_okay=False))
+@click.option("--from", "source", type=click.Choice(list(SOURCES)), default=None,
+              help="the catalog source PATH comes from: " + "; ".join(f"{n}: {m.FILE}" for n, m in SOURCES.items()))
+@click.option("--skypilot", "skypilot_csv", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="a SkyPilot catalog vms.csv (the same as --from skypilot PATH)")
 @click.option("--provider", required=True, help="provider name for the imported offers, e.g. lambda")
-@click.option("--as-of", "as_of", required=True, help="date of the CSV snapshot (YYYY-MM-DD)")
+@click.option("--as-of", "as_of", required=True, help="date of the file's snapshot (YYYY-MM-DD)")
 @catalog_path_option
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
               help="write the merged catalog here (default: print the new offers as YAML)")
 @friendly_errors
-def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
-    """Import offers from a SkyPilot vms.csv (prices per instance; GPU memory from this catalog).
+def catalog_import(path, source, skypilot_csv, provider, as_of, catalog_path, out_path):
+    """Import offers from a catalog source's file (prices per instance; GPU memory from this catalog).
 
-    Example: rentplan catalog import --skypilot vms.csv --provider lambda --as-of 2026-12-01 --out catalog.yaml"""
+    Example: rentplan catalog import --from skypilot vms.csv --provider lambda --as-of 2026-12-01 --out catalog.yaml"""
+    if skypilot_csv:
+        if path or source not in (None, "skypilot"):
+            raise click.UsageError("--skypilot FILE is --from skypilot FILE: give one file and one source.")
+        source, path = "skypilot", skypilot_csv
+    if not source or not path:
+        raise click.UsageError("give the source and its file, e.g. --from skypilot vms.csv.")
     import yaml
-
-    from planner.inputs.catalog import default_catalog_path, import_skypilot, load_catalog, merged_catalog_text
-    from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, load_yaml_file
 
     def cat_data(path):
         return load_yaml_file(path, "catalog", MAX_CATALOG_BYTES)
@@ -167,7 +171,7 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
     except ValueError:
         raise InputError(f"--as-of {as_of!r} must be the snapshot's date as YYYY-MM-DD.") from None
     cat = load_catalog(catalog_path)
-    offers, skipped = import_skypilot(csv_path, cat, provider, as_of)
+    offers, skipped = SOURCES[source].read(path, cat, provider, as_of)
     for s in skipped:
         progress(f"skipped {s}")
     progress(f"imported {len(offers)} offers, skipped {len(skipped)} rows")
@@ -183,10 +187,6 @@ def catalog_import(csv_path, provider, as_of, catalog_path, out_path):
         text, note = merged_catalog_text(src.read_text(encoding="utf-8"), offers, str(src))
     if note:
         progress(f"note: {note}")
-    from planner.inputs.catalog import parse_catalog
-    from planner.storage import atomic_write
-    from planner.inputs.yamlsafe import load_yaml_text
-
     parse_catalog(load_yaml_text(text, str(out_path), MAX_CATALOG_BYTES), str(out_path))  # the merged catalog validates first ...
     try:
         atomic_write(Path(out_path), text)  # ... then replaces the file in one step

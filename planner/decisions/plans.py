@@ -15,6 +15,7 @@ never passed over for one that is cheaper only because it runs less. Where the â
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import pandas as pd
@@ -142,8 +143,6 @@ def nothing_to_order(sheet: pd.DataFrame) -> str:
 def mark_ordered(sheet: pd.DataFrame, offer_id: str | None) -> pd.DataFrame:
     """The sheet with its `ordered` column: the decision every output (sheet, stdout, order.json, sky.yaml,
     pictures, budget) tells. An unknown id is refused with the nearest ones."""
-    from planner.outputs.orders import offer_row
-
     out = sheet.copy()
     if offer_id is None:
         out["ordered"] = out["recommended"]
@@ -235,3 +234,13 @@ def budget_review(sheet: pd.DataFrame, plans: pd.DataFrame, campaign: Campaign) 
     return {"recommended": None if best is None else best["offer"], "ordered": None if rec is None else rec["offer"],
             "per_variant": per_variant,
             "per_plan": per_plan, "per_offer": per_offer, "offers_that_fit": int(len(fitting)), "budget": verdict}
+
+
+def offer_row(sheet: pd.DataFrame, offer_id: str) -> pd.Series:
+    """The sheet's row of an offer id; an unknown id is refused with the nearest ids."""
+    rows = sheet[sheet["offer"] == offer_id]
+    if rows.empty:
+        hint = difflib.get_close_matches(offer_id, list(sheet["offer"]), n=3)
+        raise InputError(f"unknown offer {offer_id!r}." + (f" Did you mean {', '.join(hint)}?" if hint else "")
+                         + " Use an offer id from the selection sheet, or 'local'.")
+    return rows.iloc[0]

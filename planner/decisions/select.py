@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from planner.inputs.campaign_spec import Campaign
-from planner.inputs.catalog import Catalog, Gpu, Offer
+from planner.catalog_records import Catalog, Gpu, Offer
 from planner.errors import LedgerError, NoFeasibleGpu
 from planner.decisions.evidence import Evidence, choose, kernel_bases, run_facts, why_incomplete
 from planner.decisions.selfcheck import estimate_check
@@ -27,6 +27,7 @@ from planner.models.overheads import describe as describe_workspace
 from planner.models.timing import Throughput, TimeRange, match_catalog_gpu, throughput, update_time
 from planner.shapes import size_text
 from planner.units import fmt_bytes, fmt_seconds
+from planner.models.writes import write_time
 
 FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
 
@@ -236,8 +237,6 @@ def select(campaign: Campaign, lines: pd.DataFrame, catalog: Catalog, headroom: 
         raise LedgerError(f"no complete run to plan from: {why_incomplete(fams.lines)}")
     seen = {}
     for device, times in (observed or {}).items():
-        from planner.models.timing import match_catalog_gpu
-
         g = match_catalog_gpu(device, catalog)
         if g is not None:
             seen[g.id] = {**times, "device": device}
@@ -651,9 +650,6 @@ TIME_COLUMNS = ("update_s_low", "update_s_point", "update_s_high", "eval_pass_s_
 def time_fields(campaign, catalog, gpu, offer, fam: FamilyModels, precision, mb, seq, accum, replicas,
                 strategy: str = "single", kind: str = "") -> dict:
     """kind: what the model takes (planner/shapes.py), for the words of the evaluation's basis."""
-    from planner.models.timing import match_catalog_gpu
-    from planner.models.writes import write_time
-
     tp = fam.throughput
     empty = dict.fromkeys(TIME_COLUMNS)
     if tp is None:

@@ -6,10 +6,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from planner.errors import CampaignError
-from planner.records import OPTIMIZERS, PRECISIONS
+from planner.errors import CampaignError, InputError
+from planner.optimizers import OPTIMIZERS
+from planner.records import PRECISIONS
 from planner.inputs.schema import spec_models, validate
 from planner.inputs.yamlsafe import Problems, load_yaml_file, load_yaml_text
+from planner.inputs.grid import param_value
 
 # What a variant may change: how the same question is computed (learning rate, and the memory fixes: a smaller
 # micro-batch with more accumulation, activation checkpointing, mixed precision), and its seed. Anything else
@@ -210,9 +212,6 @@ def resolve_workload(ref: str, base_dir: str) -> str:
 
 def _numbers_as_meant(p: Problems, params: dict) -> dict:
     """The workload's params as `-p` reads them: 1e1 is 10, not the string YAML 1.1 makes of it."""
-    from planner.errors import InputError
-    from planner.inputs.grid import param_value
-
     out = {}
     for key, value in params.items():
         try:

@@ -1,135 +1,23 @@
-"""catalog.yaml -> typed Gpu and Offer records. The only code that knows the catalog's YAML.
+"""catalog.yaml -> typed Gpu and Offer records (planner/catalog_records.py). The only code that knows its YAML.
 
 Validation names every problem at once with its key path; memory is stored in bytes (GiB = 2**30).
 """
 
 from __future__ import annotations
 
-import ast
-import csv
 import difflib
-import re
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import pandas as pd
-
 from planner import PACKAGE_DIR
+from planner.catalog_records import (  # noqa: F401  (re-exported)
+    DISK_WRITE_MIB_S, Catalog, Gpu, Offer, normalize_gpu_name)
 from planner.errors import CatalogError, InputError
 from planner.units import GiB
-from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, Problems, load_yaml_file
+from planner.inputs.schema import Defaults, GpuEntry, OfferEntry, validate
+from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, Problems, load_yaml_file, load_yaml_text
 
 TOP_KEYS = {"schema", "defaults", "sources", "gpus", "offers"}
 SCHEMA = "rentplan-catalog/1"
-# Checkpoints and exports are written at this rate where an offer states none and no GPU line of that kind timed
-# them: an assumption (a cloud block volume's sustained write, the low end of what providers list), said as one.
-DISK_WRITE_MIB_S = 200.0
-
-
-@dataclass(frozen=True)
-class Gpu:
-    id: str
-    name: str
-    vendor: str
-    memory_gb_marketed: float
-    usable_bytes: int
-    mem_bandwidth_tbps: float
-    bf16_supported: bool
-    fp8_supported: bool
-    compute_capability: str | None = None
-    arch: str | None = None
-    bf16_dense_tflops: float | None = None
-    fp16_dense_tflops: float | None = None
-    tf32_dense_tflops: float | None = None
-    fp32_tflops: float | None = None
-    fp8_dense_tflops: float | None = None
-    interconnect: str | None = None
-    nvlink_gbps: float | None = None
-    mamf_bf16_tflops: float | None = None
-    sm_count: int | None = None  # streaming multiprocessors: a GEMM's tiles run in waves of one per SM
-    min_cuda: str | None = None
-    software: str = "cuda"
-    sources: tuple[str, ...] = ()
-    unverified: tuple[str, ...] = ()
-
-    def peak_tflops(self, precision: str) -> float | None:
-        precision = {"bf16-true": "bf16", "16-true": "fp16"}.get(precision, precision)
-        if precision == "bf16":
-            return self.bf16_dense_tflops
-        if precision == "fp16":
-            return self.fp16_dense_tflops
-        # PyTorch's fp32 matmuls do not use TF32 unless the workload enables it (allow_tf32 is False since 1.12)
-        return self.fp32_tflops
-
-    def sm(self) -> float | None:
-        try:
-            return float(self.compute_capability) if self.compute_capability else None
-        except ValueError:
-            return None
-
-
-@dataclass(frozen=True)
-class Offer:
-    id: str
-    gpu: str
-    provider: str
-    gpus_per_instance: int
-    price_per_instance_hour_usd: float
-    spot: bool
-    as_of: str
-    source: str
-    billing_minimum_hours: float = 0.0
-    instance: str | None = None
-    note: str | None = None
-    nodes: int = 1  # multi-node offers: `nodes` instances rented together, joined by `network`
-    network: str | None = None
-    network_gbps: float | None = None  # per node, Gbit/s (e.g. 3200 for 8 × 400 Gb/s InfiniBand)
-    unverified: tuple[str, ...] = ()
-    disk_write_mib_s: float | None = None  # the offer's disk, MiB/s (None: the catalog default, assumed)
-
-    @property
-    def region(self) -> str | None:
-        """The region an imported offer names (catalog import keeps it in the note as "region X")."""
-        note = self.note or ""
-        return note[len("region "):] if note.startswith("region ") else None
-
-    @property
-    def price_per_gpu_hour_usd(self) -> float:
-        return self.price_per_instance_hour_usd / self.gpus_per_instance
-
-    @property
-    def price_per_hour_usd(self) -> float:
-        """What the whole offer costs per hour: every node of it."""
-        return self.price_per_instance_hour_usd * self.nodes
-
-
-@dataclass
-class Catalog:
-    gpus: dict[str, Gpu]
-    offers: list[Offer]
-    context_bytes: int = GiB // 2
-    fragmentation_factor: float = 1.15
-    disk_write_mib_s: float = DISK_WRITE_MIB_S
-    source: str = ""
-    sources: dict[str, str] = field(default_factory=dict)
-
-    def gpu(self, gpu_id: str) -> Gpu:
-        if gpu_id in self.gpus:
-            return self.gpus[gpu_id]
-        norm = normalize_gpu_name(gpu_id)
-        if norm in self.gpus:
-            return self.gpus[norm]
-        hint = difflib.get_close_matches(norm, list(self.gpus), n=3, cutoff=0.5)
-        more = f" Did you mean {' or '.join(repr(h) for h in hint)}?" if hint else ""
-        raise CatalogError(f"unknown GPU {gpu_id!r}.{more} `rentplan catalog list` shows the ids.")
-
-    def offers_frame(self) -> pd.DataFrame:
-        rows = []
-        for o in self.offers:
-            row = asdict(o)
-            row["price_per_gpu_hour_usd"] = o.price_per_gpu_hour_usd
-            rows.append(row)
-        return pd.DataFrame(rows)
 
 
 def default_catalog_path() -> Path:
@@ -149,8 +37,6 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
 def parse_catalog(data, source: str) -> Catalog:
     """Validated by planner/inputs/schema.py (pydantic), each entry on its own so every problem is named with its
     key path; then the rules across entries: unique ids, offers of known GPUs, multi-node offers' network."""
-    from planner.inputs.schema import Defaults, GpuEntry, OfferEntry, validate
-
     p = Problems(source)
     if not isinstance(data, dict):
         p.add("", "the catalog must be a mapping with gpus: and offers:")
@@ -223,105 +109,10 @@ def _offer_rules(p: Problems, path: str, e, gpu_ids: set) -> bool:
     return len(p.items) == n0
 
 
-# --- SkyPilot catalog import (vms.csv, parsed by header: column order differs between clouds) ---
-
-_NAME_MAP = {
-    "a100": "a100_40gb", "a100-40gb": "a100_40gb", "a100-80gb": "a100_80gb_pcie", "a100-80gb-sxm": "a100_80gb_sxm",
-    "a100-80gb-sxm4": "a100_80gb_sxm", "h100": "h100_sxm", "h100-sxm": "h100_sxm", "h100-sxm5": "h100_sxm",
-    "h100-pcie": "h100_pcie", "h100-nvl": "h100_nvl", "h100nvl": "h100_nvl", "h200": "h200_sxm", "b200": "b200",
-    "gh200": "gh200", "l4": "l4", "l40": "l40", "l40s": "l40s", "a10": "a10", "a10g": "a10g", "a6000": "rtx_a6000",
-    "rtxa6000": "rtx_a6000", "rtx-a6000": "rtx_a6000", "rtx6000-ada": "rtx_6000_ada", "rtx6000ada": "rtx_6000_ada",
-    "rtx4090": "rtx_4090", "rtx-4090": "rtx_4090", "rtx3090": "rtx_3090", "rtx-3090": "rtx_3090", "v100": "v100_16gb",
-    "v100-32gb": "v100_32gb", "t4": "t4", "mi300x": "mi300x", "mi250": "mi250",
-}
-
-
-def normalize_gpu_name(name: str) -> str:
-    """'H100-SXM', 'A100-80GB', 'RTX 4090' ... -> the catalog's GPU id (or the lowercased name)."""
-    key = re.sub(r"[\s_]+", "-", str(name).strip().lower())
-    return _NAME_MAP.get(key, _NAME_MAP.get(key.replace("-", ""), key.replace("-", "_")))
-
-
-def import_skypilot(csv_path: str | Path, catalog: Catalog, provider: str, as_of: str) -> tuple[list[dict], list[str]]:
-    """Rows of a SkyPilot vms.csv -> offer dicts for GPUs the catalog knows; plus what was skipped and why."""
-    try:
-        with open(csv_path, newline="", encoding="utf-8") as f:
-            return _import_rows(csv.DictReader(f), csv_path, catalog, provider, as_of)
-    except UnicodeDecodeError as e:
-        raise CatalogError(f"{csv_path} is not UTF-8 text ({e.reason} at byte {e.start}); SkyPilot writes UTF-8: "
-                           "re-export it, or convert it with iconv.") from None
-    except csv.Error as e:
-        raise CatalogError(f"{csv_path} is not a readable CSV ({e}).") from None
-
-
-def _import_rows(reader, csv_path, catalog: Catalog, provider: str, as_of: str) -> tuple[list[dict], list[str]]:
-    offers, skipped = [], []
-    need = {"AcceleratorName", "AcceleratorCount", "Price"}
-    missing = need - set(reader.fieldnames or [])
-    if missing:
-        raise CatalogError(f"{csv_path} is not a SkyPilot vms.csv: missing columns {', '.join(sorted(missing))}.")
-    for i, row in enumerate(reader, start=2):
-        name = (row.get("AcceleratorName") or "").strip()
-        if not name:
-            continue  # CPU-only rows and GCP VM-part rows
-        gpu_id = normalize_gpu_name(name)
-        if gpu_id not in catalog.gpus:
-            skipped.append(f"line {i}: GPU {name!r} is not in the catalog")
-            continue
-        try:
-            count = int(float(row["AcceleratorCount"]))
-            price = float(row["Price"])
-        except (TypeError, ValueError):
-            skipped.append(f"line {i}: unreadable count or price")
-            continue
-        if count <= 0 or not price > 0 or price >= 700.0:  # 700.0 is GCP's "unavailable" sentinel
-            skipped.append(f"line {i}: no usable price ({row.get('Price')!r})")
-            continue
-        spot_txt = (row.get("SpotPrice") or "").strip()
-        try:
-            spot = float(spot_txt) if spot_txt else 0.0
-        except ValueError:
-            skipped.append(f"line {i}: SpotPrice {spot_txt[:40]!r} is not a number (kept the on-demand offer)")
-            spot = 0.0
-        _check_gpuinfo(row.get("GpuInfo") or row.get("GPUInfo"), count, catalog.gpus[gpu_id], skipped, i)
-        region = (row.get("Region") or "").strip()
-        base = {"gpu": gpu_id, "provider": provider, "instance": (row.get("InstanceType") or "").strip() or None,
-                "gpus_per_instance": count, "billing_minimum_hours": 0.0, "as_of": as_of,
-                "source": f"skypilot:{Path(csv_path).name}", "note": f"region {region}" if region else None}
-        offers.append({"id": f"{provider}-{gpu_id}-{count}x-{len(offers) + 1}",
-                       "price_per_instance_hour_usd": round(price, 4), "spot": False, **base,
-                       "unverified": ["billing_minimum_hours"]})
-        if spot > 0 and abs(spot - price) > 1e-9:  # empty, 0.00 and == Price all mean "no spot price"
-            offers.append({"id": f"{provider}-{gpu_id}-{count}x-spot-{len(offers) + 1}",
-                           "price_per_instance_hour_usd": round(spot, 4), "spot": True, **base,
-                           "unverified": ["billing_minimum_hours"]})
-    return offers, skipped
-
-
-def _check_gpuinfo(text: str | None, count: int, gpu: Gpu, skipped: list[str], line: int) -> None:
-    """GpuInfo is a Python literal (single quotes), read with ast.literal_eval; used only as a cross-check."""
-    if not text or "{" not in text:
-        return
-    try:
-        info = ast.literal_eval(text)
-        mib = float(info["Gpus"][0]["MemoryInfo"]["SizeInMiB"])
-    except (ValueError, SyntaxError, KeyError, IndexError, TypeError):
-        skipped.append(f"line {line}: GpuInfo unreadable (kept the offer; memory comes from the catalog)")
-        return
-    per_gpu_gib = {mib / 1024, mib / 1024 / count, mib * 1e9 / GiB / 1024}  # per GPU, total, or GB (RunPod)
-    marketed_gib = gpu.memory_gb_marketed * 1e9 / GiB
-    if not any(abs(x - marketed_gib) / marketed_gib < 0.15 or abs(x * 1024 - gpu.memory_gb_marketed) < 1
-               for x in per_gpu_gib):
-        skipped.append(f"line {line}: GpuInfo says {mib:.0f} MiB, far from {gpu.id}'s {gpu.memory_gb_marketed} GB "
-                       "(kept the offer; check the name mapping)")
-
-
 def merged_catalog_text(text: str, offers: list[dict], source: str) -> tuple[str, str]:
     """The catalog with the imported offers appended, and a note for the user. Appended as text where `offers:` is
     the last key (its comments are kept), else the whole document written out again (comments lost: the note says so)."""
     import yaml
-
-    from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, load_yaml_text
 
     data = load_yaml_text(text, source, MAX_CATALOG_BYTES)
     before = len(data.get("offers") or [])

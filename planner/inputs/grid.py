@@ -12,11 +12,13 @@ from typing import Any, Callable
 import yaml
 
 from planner.errors import InputError
-from planner.models.kernels import TARGETS
-from planner.records import canonical_precision, OPTIMIZERS, PRECISIONS, ProbeConfig
+from planner.models.kernels import TARGETS, kernel_target
+from planner.optimizers import OPTIMIZERS
+from planner.records import canonical_precision, PRECISIONS, ProbeConfig
 from planner.units import parse_size
 from planner.inputs.schema import GridEntry, validate
 from planner.inputs.yamlsafe import Problems, load_yaml_file
+from planner.inputs.catalog import load_catalog
 
 ON = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
 
@@ -227,8 +229,6 @@ def resolve_cap(cap: str | None, catalog_path: str | None) -> tuple[str, int | N
             raise InputError(f"--cap {cap}: a cap below {MIN_CAP >> 20} MiB holds no model; give a GPU id from "
                              "`rentplan catalog list` or a size such as 24GiB.")
         return cap, size
-    from planner.inputs.catalog import load_catalog
-
     catalog = load_catalog(catalog_path)
     gpu = catalog.gpu(cap)
     return gpu.id, gpu.usable_bytes - catalog.context_bytes
@@ -285,15 +285,11 @@ def checked_timeout(timeout_s: float) -> float:
 def resolve_targets(text: str, catalog_path: str | None) -> list[str]:
     """--target: kernel targets (sm80+, sm50-75, cpu), catalog GPU ids (their target), or all (every target the
     catalog's GPUs need)."""
-    from planner.models.kernels import TARGETS, kernel_target
-
     out = []
     for item in parse_list(text, str, "--target"):
         if item in TARGETS:
             out.append(item)
             continue
-        from planner.inputs.catalog import load_catalog
-
         catalog = load_catalog(catalog_path)
         if item == "all":
             out += sorted({kernel_target(g.compute_capability, g.software) for g in catalog.gpus.values()})

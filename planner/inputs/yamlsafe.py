@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from planner.errors import InputError
+from planner.inputs.names import id_problem, label_problem
 
 MAX_YAML_BYTES = 2 * 1024 * 1024  # specs and grids are a few KiB
 # A full SkyPilot catalog (20,000 offers) is about 8 MiB as rentplan YAML: four times that, and no more.
@@ -339,8 +340,6 @@ class Problems:
 
     def label(self, path: str, value: Any) -> str | None:
         """A name that may reach a launch file: a non-empty string on one printable line (planner/inputs/names)."""
-        from planner.inputs.names import label_problem
-
         if self.text(path, value) is None:
             return None
         why = label_problem(value)
@@ -351,8 +350,6 @@ class Problems:
 
     def ident(self, path: str, value: Any, extra: str = "") -> str | None:
         """An id (offer, GPU, provider, region): ASCII letters, digits, '.', '_', '-'; look-alikes refused by name."""
-        from planner.inputs.names import id_problem
-
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)
         if self.text(path, value) is None:

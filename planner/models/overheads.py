@@ -27,6 +27,7 @@ peak already holds its own GPU's workspaces: a target with larger ones adds the 
 from __future__ import annotations
 
 import json
+from planner.models.allocator import replay
 
 
 MiB = 1 << 20
@@ -64,8 +65,6 @@ def workspace_bytes(compute_capability: str | None, software: str = "cuda", arch
                     threads: int = BLAS_THREADS) -> int:
     """Reserved bytes of the BLAS workspaces of `threads` threads on one stream, as the caching allocator's model
     places them."""
-    from planner.models.allocator import replay
-
     blas, lt = _workspaces(compute_capability, software, arch)
     events = [("a", f"{kind}{t}", size) for t in range(threads) for kind, size in (("blas", blas), ("lt", lt))]
     return int(replay(events)[""]["peak_reserved"])

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from planner.inputs.catalog import Gpu
+from planner.catalog_records import Gpu
 
 MAMF_DEFAULT = 0.80  # stas00: H100 SXM 80.3 %, the lower of the NVIDIA figures
 

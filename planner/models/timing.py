@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.inputs.catalog import Catalog, Gpu, Offer
+from planner.catalog_records import Catalog, Gpu, Offer
 from planner.models.kernels import kernel_target
 from planner.models.roofline import FAST, POINT, SLOW, census_for
 from planner.units import fmt_seconds

@@ -30,6 +30,7 @@ import yaml
 
 from planner.errors import InputError
 from planner.inputs.campaign_spec import FILE_PARAMS, parse_campaign, resolve_path
+from planner.inputs.modules import local_modules
 from planner.inputs.yamlsafe import load_yaml_file
 
 REMOTE_WORKDIR = "~/sky_workdir"
@@ -245,8 +246,6 @@ def place_workload(ref: str, base_dir: str, layout: Layout, folder: str) -> str:
                 layout.place(sibling, "a module beside the workload file", found=True)
         rel = layout.mount(path, "the workload file")
         if path.is_file():  # and every module it imports from its folder's subpackages, where it will look for them
-            from planner.tools.modules import local_modules
-
             here = path.resolve().parent
             for f in local_modules(path)[1:]:
                 layout.place_at(f, posixpath.join(posixpath.dirname(rel), f.relative_to(here).as_posix()),

@@ -14,10 +14,14 @@ from typing import Mapping
 
 import pandas as pd
 
-from planner.errors import InputError
-from planner.records import OPTIMIZERS, PRECISIONS
+from planner.batching import largest_micro_batch
+from planner.errors import InputError, LedgerError
+from planner.optimizers import OPTIMIZERS, optimizer_extra
+from planner.records import PRECISIONS
+from planner.models.memory_model import max_micro_batch
 from planner.inputs.schema import order_models, validate
 from planner.inputs.yamlsafe import Problems, no_duplicate_keys
+from planner.decisions.plans import ordered, recommend
 
 FORMAT = "rentplan-order/1"
 DEVICE_KINDS = ("cuda", "rocm", "cpu")
@@ -69,19 +73,22 @@ def stack_for(rec: pd.Series, lines: pd.DataFrame) -> dict:
 # checks are importable). Names fixed here: they reach sky.yaml's pip line.
 EXTRAS = {"probe": ["torch", "safetensors"], "hf": ["transformers", "peft"], "quant": ["bitsandbytes"],
           "callbacks": ["lightning"]}
-EIGHT_BIT_OPTIMIZERS = ("adamw8bit", "paged_adamw8bit")
 
 
 def workload_extras(workload: str, params: dict, optimizer: str) -> list[str]:
     """hf: configs and the HF Trainer's callback need transformers (and peft for LoRA); QLoRA base weights and 8-bit
-    optimizers need bitsandbytes; Lightning's callback needs lightning."""
+    optimizers need bitsandbytes (each optimizer's extra: planner/optimizers.py); Lightning's callback needs
+    lightning."""
     extras = ["probe"]
     if workload.startswith(("hf:", "trainer:")):
         extras.append("hf")
     if workload.startswith("lightning:"):
         extras.append("callbacks")
-    if (params or {}).get("quantize") or optimizer in EIGHT_BIT_OPTIMIZERS:
+    if (params or {}).get("quantize"):
         extras.append("quant")
+    extra = optimizer_extra(optimizer)
+    if extra and extra not in extras:
+        extras.append(extra)
     return extras
 
 
@@ -140,10 +147,6 @@ def local_order(campaign, result, headroom: float) -> dict:
     """The order for the machine the pilot ran on (CPU), as an offer of its own at the campaign's shape (its
     effective batch, seq_len and evaluation): what `rentplan verify` checks against locally. Times come from
     this machine's own lines, scaled by tokens."""
-    from planner.tools.batching import largest_micro_batch
-    from planner.errors import LedgerError
-    from planner.models.memory_model import max_micro_batch
-
     fam = result.families.get(campaign.precision)
     local = fam.facts[(fam.facts["mode"] == "measured") & fam.facts["update_s"].notna()] if fam else None
     if local is None or local.empty or not fam.evidence.measured:
@@ -214,8 +217,6 @@ def order_for(campaign, result, catalog, headroom: float, offer_id: str | None) 
     'local' (this machine)."""
     if offer_id == "local":
         return local_order(campaign, result, headroom)
-    from planner.decisions.plans import ordered, recommend
-
     pick = ordered(result.sheet)
     if pick is None:
         return None
@@ -225,15 +226,3 @@ def order_for(campaign, result, catalog, headroom: float, offer_id: str | None) 
                          "recommended": None if best is None else best["offer"], "verdict": pick["verdict"],
                          "not_modelled": pick["unmodelled"] or None}
     return order
-
-
-def offer_row(sheet: pd.DataFrame, offer_id: str) -> pd.Series:
-    """The sheet's row of an offer id; an unknown id is refused with the nearest ids."""
-    rows = sheet[sheet["offer"] == offer_id]
-    if rows.empty:
-        import difflib
-
-        hint = difflib.get_close_matches(offer_id, list(sheet["offer"]), n=3)
-        raise InputError(f"unknown offer {offer_id!r}." + (f" Did you mean {', '.join(hint)}?" if hint else "")
-                         + " Use an offer id from the selection sheet, or 'local'.")
-    return rows.iloc[0]

@@ -18,7 +18,7 @@ import pandas as pd
 
 from planner import PACKAGE_DIR, __version__
 from planner.inputs.campaign_spec import KEPT_CHECKPOINTS, Campaign
-from planner.inputs.catalog import Catalog
+from planner.catalog_records import Catalog
 from planner.outputs.orders import provenance, stack_for
 from planner.decisions.plans import nothing_to_order, ordered, recommend, window_notes
 from planner.decisions.select import NO_FIT
@@ -26,6 +26,10 @@ from planner.decisions.shapes import input_kind_of
 from planner.shapes import dimension_words, size_text
 from planner.storage import made_or_nothing, write_all
 from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
+from planner.models.memory_model import SEQ_LIMIT, MB_LIMIT
+from planner.outputs.figures import available, order_sheet_figures
+from planner.outputs.launch import SPEC_NAME, Unmountable, launch_files
+from planner.outputs.skypilot import order_task
 
 _ENV: jinja2.Environment | None = None
 
@@ -118,7 +122,6 @@ def seq_capacity(r) -> str:
         return f"≥ {int(r['max_seq_len_at_mb1']):,} ({bound})"
     if isinstance(bound, str) and bound.startswith("the model's"):
         return f"{int(r['max_seq_len_at_mb1']):,} ({bound})"
-    from planner.models.memory_model import SEQ_LIMIT
     return capacity(r["max_seq_len_at_mb1"], r["max_seq_len_extrapolated"], r["max_seq_len_at_mb1"] >= SEQ_LIMIT,
                     SEQ_LIMIT)
 
@@ -168,8 +171,6 @@ def margin_text(pct: float) -> str:
 
 
 def sheet_rows(sheet: pd.DataFrame) -> list[dict]:
-    from planner.models.memory_model import MB_LIMIT
-
     out = []
     for _, r in sheet.iterrows():
         out.append({
@@ -373,8 +374,6 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
     """Every file of a plan. dearer: the offers left out of the sheet (a cheaper one of their market is in it),
     written to selection-all.csv with the sheet's rows when given (`plan --all-offers`), else that file goes.
     on_note(text): told what the files cannot do (no sky.yaml, and why)."""
-    from planner.outputs.figures import available, order_sheet_figures
-
     sweep_orphans(out)
     launch, verify_path, launch_note = order_files(order, lines, out, spec_path, len(campaign.variants))
     if launch_note and on_note:
@@ -417,9 +416,6 @@ def order_files(order: dict | None, lines: pd.DataFrame, out: Path, spec_path: s
     if order is None:
         return files, verify_path, note
     if spec_path is not None and order["offer"]["id"] != "local" and order["expect"]["device_kind"] == "cuda":
-        from planner.outputs.launch import SPEC_NAME, Unmountable, launch_files
-        from planner.outputs.skypilot import order_task
-
         try:
             launch = launch_files(order, spec_path, str(out))
             sky = order_task(launch.order, launch, lines, runs)

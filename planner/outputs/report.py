@@ -15,6 +15,8 @@ import pandas as pd
 from planner import __version__
 from planner.errors import InputError, LedgerError
 from planner.ledger import Ledger
+from planner.outputs.render import render_template
+from planner.storage import made_or_nothing, write_all
 from planner.units import fmt_usd
 
 
@@ -354,8 +356,6 @@ def _cells(df: pd.DataFrame, columns: dict) -> tuple[list[str], list[list[dict]]
 
 def write_campaign_report(out: Path, runs, table, variants, metrics, notes, said) -> list[Path]:
     """The report's files (_report_files); a folder made for them goes again when writing fails."""
-    from planner.storage import made_or_nothing
-
     with made_or_nothing(out):
         return _report_files(out, runs, table, variants, metrics, notes, said)
 
@@ -366,9 +366,6 @@ def _report_files(out: Path, runs, table, variants, metrics, notes, said) -> lis
     table = table.drop(columns=["outcome", "control", "quality_target"], errors="ignore")
     variants = variants.drop(columns=["outcome", "all_finished"], errors="ignore")
     from datetime import datetime, timezone
-
-    from planner.outputs.render import render_template
-    from planner.storage import write_all
 
     svg_bytes, clipped = curves_figure(runs, metrics, "svg")
     svg = svg_bytes.decode()

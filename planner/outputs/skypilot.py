@@ -23,8 +23,11 @@ import shlex
 
 import yaml
 
+from planner import PACKAGE_DIR, __version__
 from planner.inputs.campaign_spec import KEPT_CHECKPOINTS
 from planner.outputs.launch import OWN_LOOPS, Launch, source_problem
+from planner.outputs.orders import EXTRAS
+from planner.units import fmt_bytes
 
 GiB = 1024**3
 # Catalog GPU id -> SkyPilot accelerator name (sky/catalog data, `sky show-gpus`).
@@ -68,8 +71,6 @@ def disk_basis(checkpoint_bytes: int | None, export_bytes: int | None, runs: int
                uploads: dict[str, int] | None = None) -> str:
     """What disk_gb counts, with the sizes it counted, and every file uploaded with its size (comments above the
     task; names as JSON strings, so nothing in them ends a comment line)."""
-    from planner.units import fmt_bytes
-
     uploads = uploads or {}
     total = sum(uploads.values())
     size = lambda b: fmt_bytes(b) if b else "not measured"  # noqa: E731
@@ -106,8 +107,6 @@ def launch_lines(order: dict, spec: str) -> list[str]:
 
 
 def setup_lines(order: dict, rentplan_source: str | None) -> list[str]:
-    from planner.outputs.orders import EXTRAS
-
     names = order["stack"]["extras"]
     if not set(names) <= set(EXTRAS):  # orders.check_order refuses these on load; an order built here has none
         raise ValueError(f"unknown rentplan extras {names!r}")
@@ -119,8 +118,6 @@ def setup_lines(order: dict, rentplan_source: str | None) -> list[str]:
         lines.append(command(Shell("pip"), Shell("install"), Shell("-q"), Shell("-e"),
                              Shell(f'"$HOME/rentplan[{extras}]"')))
     else:  # the release this plan was made with
-        from planner import __version__
-
         lines.append(command(Shell("pip"), Shell("install"), Shell("-q"), f"rentplan[{extras}]=={__version__}"))
     return lines
 
@@ -219,8 +216,6 @@ def source_bytes(source: str) -> int:
 
 def rentplan_source() -> str | None:
     """The folder of this rentplan's source when it is a checkout (pyproject.toml beside planner/)."""
-    from planner import PACKAGE_DIR
-
     root = PACKAGE_DIR.parent
     return str(root) if (root / "pyproject.toml").exists() else None
 

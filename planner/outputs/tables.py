@@ -11,9 +11,18 @@ import math
 import pandas as pd
 from tabulate import tabulate
 
+from planner.decisions.shapes import input_kind_of
+from planner.shapes import dimension_words
 from planner.units import fmt_bytes, fmt_seconds
 
 FORMATS = ("table", "markdown", "csv", "json")
+# Formats for programs: every field in raw units, no words for people around the table. The one place that says
+# which formats these are; commands ask for_machines(fmt) rather than naming formats.
+MACHINE_FORMATS = ("csv", "json")
+
+
+def for_machines(fmt: str) -> bool:
+    return fmt in MACHINE_FORMATS
 
 
 def _clean(value):
@@ -51,7 +60,7 @@ def shape_text(r) -> str:
 def lines_view(df: pd.DataFrame, fmt: str, workload: bool = False) -> pd.DataFrame:
     """Machine formats get every field in raw units; people get a readable subset (with the workload where the
     lines may be of several: the ledger's)."""
-    if fmt in ("csv", "json"):
+    if for_machines(fmt):
         return df.drop(columns=["seq"], errors="ignore")
     view = pd.DataFrame({
         "run": df["run_id"],
@@ -77,11 +86,9 @@ def lines_view(df: pd.DataFrame, fmt: str, workload: bool = False) -> pd.DataFra
 
 
 def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.DataFrame:
-    if fmt in ("csv", "json"):
+    if for_machines(fmt):
         return sheet
-    from planner.decisions.shapes import input_kind_of
     from planner.outputs.render import sheet_rows
-    from planner.shapes import dimension_words
 
     rows = pd.DataFrame(sheet_rows(sheet.head(limit) if limit else sheet))
     dims = dimension_words(input_kind_of(sheet))  # "max seq" only where the model has a sequence
@@ -92,7 +99,7 @@ def selection_view(sheet: pd.DataFrame, fmt: str, limit: int | None = 15) -> pd.
 
 
 def plans_view(plans: pd.DataFrame, fmt: str) -> pd.DataFrame:
-    if fmt in ("csv", "json"):
+    if for_machines(fmt):
         return plans
     from planner.outputs.render import plan_rows
 

@@ -1,1 +1,1 @@
-"""Side tools that need no torch: batch arithmetic, leak-free splits, verifiable archives."""
+"""Side tools that need no torch: leak-free splits, verifiable archives."""

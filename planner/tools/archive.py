@@ -15,8 +15,11 @@ import pandas as pd
 from planner.inputs.schema import ManifestEntry, validate
 from planner.inputs.yamlsafe import Problems
 
-from planner.errors import InputError
+from planner.errors import InputError, LedgerError
 from planner.ledger import Ledger
+from planner import __version__
+from planner.outputs.render import render_template
+from planner.outputs.report import campaign_frames, run_table
 
 MANIFEST = "manifest.json"
 
@@ -164,9 +167,6 @@ def _files(dest: Path) -> list[str]:
 def recorded_sha256_lookup(ledger_path: str):
     """run_id -> the model sha256 the ledger recorded when that run finished (None when the ledger is absent,
     not a ledger, or has no such run): the basis that a recomputed manifest cannot fake."""
-    from planner.tools.archive import recorded_model_sha256
-    from planner.errors import LedgerError
-
     def lookup(run_id: str) -> str | None:
         if not Path(ledger_path).is_file():
             return None
@@ -202,10 +202,6 @@ def campaign_run_row(ledger_path: str, run_id: str) -> pd.Series:
 def archive_run(ledger_path: str, run_id: str, dest: Path, runs_dir: Path) -> list[str]:
     """`rentplan archive RUN --to DEST`: the run's rows from every campaign table, its files from runs_dir, a
     README and a manifest, written to dest; returns the files' names."""
-    from planner import __version__
-    from planner.outputs.render import render_template
-    from planner.outputs.report import campaign_frames, run_table
-
     target = run_id
     run = campaign_run_row(ledger_path, target)
     runs, events, metrics, notes = campaign_frames(ledger_path, None)
