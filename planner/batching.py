@@ -53,10 +53,10 @@ def _examples_seen(bp: BatchPlan, n_updates: int) -> int:
     update its remainder (none with --drop-last)."""
     if not bp.examples or not bp.updates_per_pass:
         return n_updates * bp.examples_per_update
+    full, last = bp.full_updates or 0, bp.last_update_examples or 0  # both set with examples (batch_plan)
     passes, rest = divmod(n_updates, bp.updates_per_pass)
-    per_pass = bp.full_updates * bp.examples_per_update + (bp.last_update_examples or 0)
-    partial = min(rest, bp.full_updates) * bp.examples_per_update + (
-        bp.last_update_examples if rest > bp.full_updates else 0)
+    per_pass = full * bp.examples_per_update + last
+    partial = min(rest, full) * bp.examples_per_update + (last if rest > full else 0)
     return passes * per_pass + partial
 
 
@@ -85,9 +85,9 @@ def _parse_setting(text: str) -> dict[str, int]:
     for part in text.split(","):
         if "=" not in part:
             raise InputError(f"--compare {text!r}: use micro=4,accum=4[,replicas=2].")
-        k, v = part.split("=", 1)
+        word, v = part.split("=", 1)
         k = {"micro": "micro_batch", "micro_batch": "micro_batch", "accum": "grad_accum", "grad_accum": "grad_accum",
-             "replicas": "replicas"}.get(k.strip())
+             "replicas": "replicas"}.get(word.strip())
         if k is None:
             raise InputError(f"--compare {text!r}: keys are micro, accum, replicas.")
         if k in out:

@@ -11,6 +11,7 @@ import enum
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from planner.optimizers import OPTIMIZERS  # noqa: F401  (re-exported: the names live in planner/optimizers.py)
 
@@ -172,7 +173,7 @@ class Line:
 
     @classmethod
     def from_config(cls, cfg: ProbeConfig, **kw) -> "Line":
-        base = {
+        base: dict[str, Any] = {
             "workload": cfg.workload, "params_json": cfg.params_json, "micro_batch": cfg.micro_batch,
             "seq_len": cfg.seq_len, "eval_seq_len": cfg.eval_seq_len, "eval_micro_batch": cfg.eval_micro_batch,
             "grad_accum": cfg.grad_accum, "effective_batch": cfg.effective_batch, "precision": cfg.precision,

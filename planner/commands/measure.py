@@ -192,5 +192,5 @@ def run_find(spec: GridSpec, find: str, ledger_path: str, fmt: str) -> None:
 
 
 for _param in estimate.params:  # estimate runs no script: its -w help leaves script:NAME out
-    if _param.name == "workload":
+    if _param.name == "workload" and _param.help:
         _param.help = _param.help.replace(" | script:NAME (with --script)", "")

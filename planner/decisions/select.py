@@ -142,7 +142,7 @@ class CampaignFamily:
             ev = choose(self.lines, self.facts, precision, self.micro_batch, self.seq, target, world_size, kind)
             model = None if ev is None else build_model(ev.lines, self.fragmentation)
             notes = []
-            if model is not None and not ev.measured:  # sized from estimates: checked against measurements
+            if ev is not None and model is not None and not ev.measured:  # sized from estimates: checked
                 check = estimate_check(self.lines, precision)
                 if check is not None:
                     notes.append(check.note)
@@ -157,7 +157,7 @@ class CampaignFamily:
                         model.widen *= 1 + fraction
                         model.widen_note = "; ".join(x for x in (model.widen_note, why) if x)
             note = "; ".join(notes)
-            self._cache[key] = None if model is None else FamilyModels(precision, model, throughput(ev), ev,
+            self._cache[key] = None if model is None or ev is None else FamilyModels(precision, model, throughput(ev), ev,
                                                                        note=note)
         return self._cache[key]
 
@@ -325,6 +325,7 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     field of the row but the price's (offer is any offer of that shape; priced_sheet adds the prices)."""
     precision, why = choose_precision(gpu, campaign.precision)
     fam = fams.get(precision, kernel_target(gpu.compute_capability, gpu.software), gpu.id)
+    assert fam is not None  # make_plan sizes no row from a ledger without a complete run of the campaign
     workspaces = outside_bytes(fam, gpu, catalog)
     ctx = catalog.context_bytes + workspaces
     budget = gpu.usable_bytes / (1 + headroom) - ctx  # bytes a configuration may need and still fit
@@ -421,7 +422,7 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
         A campaign that states its micro-batch is planned at it (a recipe run as 1 × accumulation 4 stays so)."""
         share = campaign.effective_batch // replicas if campaign.effective_batch % replicas == 0 else 0
         if fixed:
-            return stated(replicas, share)
+            return stated(replicas, share, fixed)
         sizes = [mb for mb in range(min(max(max_mb, 1), share or 1), 0, -1) if share and share % mb == 0] or [1]
         tight = None
         for mb in sizes:
@@ -432,7 +433,7 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
                 tight = plan
         return tight or plan_at(replicas, sizes[-1])
 
-    def stated(replicas: int, share: int) -> dict:
+    def stated(replicas: int, share: int, fixed: int) -> dict:
         if not share or share % fixed:  # no whole accumulation at the stated micro-batch over these replicas
             return {**plan_at(1, fixed), "replicas": replicas, "verdict": NO_FIT, "notes": [
                 f"micro-batch {fixed} (as the campaign states) does not divide the effective batch "
@@ -498,7 +499,7 @@ def ddp_need(single: Need, grads: float, accum: int, broadcast: float = 0.0) -> 
     per_phase = {ph: b + (grads if ph in extra else 0.0) for ph, b in single.per_phase.items()}
     if "setup" in per_phase:
         per_phase["setup"] += grads + broadcast
-    phase = max(per_phase, key=per_phase.get)
+    phase = max(per_phase, key=lambda ph: per_phase[ph])
     basis = (f"{single.basis}; DDP: + gradient buckets ({fmt_bytes(grads)}) in {', '.join(sorted(extra | {'setup'}))}"
              f", + the parameters' broadcast copies ({fmt_bytes(broadcast)}) at setup")
     return Need(per_phase[phase], phase, basis, single.extrapolated, per_phase)

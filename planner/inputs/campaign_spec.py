@@ -250,6 +250,7 @@ def parse_campaign(data, source: str, base_dir: str = ".") -> Campaign:
         _joined_rules(p, spec)
         params = _numbers_as_meant(p, spec.params or {})
     p.raise_if_any(CampaignError)
+    assert spec is not None  # validate() said why it could not, and that was raised above
     ev, qt = spec.eval, spec.quality_target
     return Campaign(
         name=spec.name, workload=spec.workload, params=params,

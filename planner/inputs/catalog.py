@@ -72,14 +72,15 @@ def parse_catalog(data, source: str) -> Catalog:
     seen: set[str] = set()
     known_gpu_ids = {g.get("id") for g in raw_gpus if isinstance(g, dict) and isinstance(g.get("id"), str)}
     for i, o in enumerate(raw_offers):
-        entry = validate(OfferEntry, o, p, f"offers[{i}]")
-        if entry is None or not _offer_rules(p, f"offers[{i}]", entry, known_gpu_ids):
+        offer = validate(OfferEntry, o, p, f"offers[{i}]")
+        if offer is None or not _offer_rules(p, f"offers[{i}]", offer, known_gpu_ids):
             continue
-        if entry.id in seen:
-            p.add(f"offers[{i}].id", f"duplicate offer id {entry.id!r}")
-        seen.add(entry.id)
-        offers.append(Offer(**entry.model_dump()))
+        if offer.id in seen:
+            p.add(f"offers[{i}].id", f"duplicate offer id {offer.id!r}")
+        seen.add(offer.id)
+        offers.append(Offer(**offer.model_dump()))
     p.raise_if_any(CatalogError)
+    assert defaults is not None  # validate() said why it could not, and that was raised above
     return Catalog(gpus, offers, context_bytes=int(defaults.cuda_context_gib * GiB),
                    fragmentation_factor=float(defaults.fragmentation_factor), source=source, sources=dict(sources),
                    disk_write_mib_s=float(defaults.disk_write_mib_s))

@@ -86,6 +86,9 @@ Names = tuple[Label, ...]
 class Entry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
 
+    if typing.TYPE_CHECKING:  # the spec's and the order's models are built by functions, with their limits
+        def __getattr__(self, name: str) -> Any: ...
+
 
 def _tflops():
     return Number(positive=True, minimum=0.1, maximum=1e5)
@@ -144,7 +147,10 @@ class Defaults(Entry):
     disk_write_mib_s: Number(positive=True, minimum=1, maximum=1e6) = 200.0
 
 
-def validate(model: type[Entry], data: Any, p: Problems, path: str) -> Entry | None:
+E = typing.TypeVar("E", bound=Entry)
+
+
+def validate(model: type[E], data: Any, p: Problems, path: str) -> E | None:
     """The entry, or None with every problem added to `p` under `path` (key paths as the YAML spells them)."""
     if not isinstance(data, dict):
         p.add(path, "must be a mapping")
@@ -155,7 +161,7 @@ def validate(model: type[Entry], data: Any, p: Problems, path: str) -> Entry | N
         for err in e.errors(include_url=False, include_input=False):
             where = ".".join([path, *(f"[{x}]" if isinstance(x, int) else str(x) for x in err["loc"])]) \
                 .replace(".[", "[").lstrip(".")
-            p.add(where, _message(err, model))
+            p.add(where, _message(dict(err), model))
         return None
 
 

@@ -20,7 +20,7 @@ MAX_YAML_BYTES = 2 * 1024 * 1024  # specs and grids are a few KiB
 # A full SkyPilot catalog (20,000 offers) is about 8 MiB as rentplan YAML: four times that, and no more.
 MAX_CATALOG_BYTES = 32 * 1024 * 1024
 # libyaml's parser where PyYAML has it (7.7 MiB: 5 s instead of 26 s); the constructors below stay Python.
-_Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_Base: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", re.ASCII)  # '２４' and '٨' are not numbers here
 
 

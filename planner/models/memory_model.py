@@ -92,11 +92,17 @@ def _errors(fit: PhaseFit) -> float:
     return max(errs) if errs else 0.0
 
 
+def _three(coef) -> tuple[float, float, float]:
+    """a, b, c of a + b·t + c·t·s (_poly always gives three)."""
+    a, b, c = (float(x) for x in coef)
+    return a, b, c
+
+
 def fit_phase(phase: str, points: list[Point]) -> PhaseFit:
     """A single activation fit, or max(floor, activation fit) where the phase's peak has two regimes (e.g. the
     optimizer step's fixed peak at small sizes, the backward pass's at large ones): the lower error wins."""
     coef, kind = _poly(points)
-    best = PhaseFit(phase, kind, tuple(float(c) for c in coef), points)
+    best = PhaseFit(phase, kind, _three(coef), points)
     best.max_rel_error = _errors(best)
     ordered = sorted(points, key=lambda p: p.bytes)
     for k in range(1, len(ordered) - 1):
@@ -104,7 +110,7 @@ def fit_phase(phase: str, points: list[Point]) -> PhaseFit:
         if len({(p.micro_batch, p.seq_len) for p in high}) < 2:
             continue
         c2, k2 = _poly(high)
-        cand = PhaseFit(phase, f"floor+{k2}", tuple(float(c) for c in c2), points, floor=_floor(low))
+        cand = PhaseFit(phase, f"floor+{k2}", _three(c2), points, floor=_floor(low))
         cand.max_rel_error = _errors(cand)
         if cand.max_rel_error < best.max_rel_error - 1e-6:
             best = cand
@@ -159,7 +165,7 @@ class MemoryModel:
             extrapolated |= not fit.in_range(mb, s)
         if self.widen != 1.0:
             per_phase = {ph: b * self.widen for ph, b in per_phase.items()}
-        phase = max(per_phase, key=per_phase.get)
+        phase = max(per_phase, key=lambda ph: per_phase[ph])
         fit = self.fits[phase]
         distinct = len({(p.micro_batch, p.seq_len) for p in fit.points})
         how = "measured at this configuration" if exact else (
@@ -202,7 +208,8 @@ def build_model(lines: pd.DataFrame, fragmentation: float) -> MemoryModel | None
         return None
     ok["need_bytes"] = phase_bytes(ok, fragmentation)
     ok = ok[ok["need_bytes"].notna()]
-    fits, exact = {}, {}
+    fits: dict[str, PhaseFit] = {}
+    exact: dict = {}
     for phase in PHASES:
         rows = ok[ok["phase"] == phase]
         if rows.empty:

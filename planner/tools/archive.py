@@ -176,7 +176,7 @@ def recorded_sha256_lookup(ledger_path: str):
         except LedgerError:
             return None
 
-    lookup.source = ledger_path
+    lookup.source = ledger_path  # type: ignore[attr-defined]  # named in verify_archive's message
     return lookup
 
 

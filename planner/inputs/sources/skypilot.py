@@ -32,7 +32,8 @@ def read(path: str | Path, catalog: Catalog, provider: str, as_of: str) -> tuple
 
 
 def _import_rows(reader, csv_path, catalog: Catalog, provider: str, as_of: str) -> tuple[list[dict], list[str]]:
-    offers, skipped = [], []
+    offers: list[dict] = []
+    skipped: list[str] = []
     need = {"AcceleratorName", "AcceleratorCount", "Price"}
     missing = need - set(reader.fieldnames or [])
     if missing:
