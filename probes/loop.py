@@ -17,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from planner.records import ProbeConfig
-from probes.workloads import count_targets
+from probes.workloads import count_targets, memory_format
 
 WARMUP_UPDATES = 10
 CLIP_NORM = 1.0
@@ -100,6 +100,9 @@ class Trainer:
         tensors = list(self.model.parameters()) + list(self.model.buffers())
         if any(t.device != device for t in tensors):  # a workload that ignored the device context
             self.model.to(device)
+        self.channels_last = memory_format(workload) == "channels_last"
+        if self.channels_last:  # the workload's stated layout: 4-D weights (and inputs, in batch) in NHWC
+            self.model.to(memory_format=torch.channels_last)
         if cfg.checkpointing:
             if not hasattr(self.model, "gradient_checkpointing_enable"):
                 raise RuntimeError("checkpointing=on but the model has no gradient_checkpointing_enable()")
@@ -134,6 +137,10 @@ class Trainer:
             batch = self.workload.make_batch(*args)
             if self.true_dtype is not None:  # float inputs in the model's dtype (token ids stay integers)
                 batch = {k: (v.to(self.true_dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+                         for k, v in batch.items()}
+            if self.channels_last:  # images in NHWC, as the model's weights (to_device keeps the strides)
+                batch = {k: (v.contiguous(memory_format=torch.channels_last)
+                             if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() == 4 else v)
                          for k, v in batch.items()}
             return batch
 
