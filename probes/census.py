@@ -80,7 +80,7 @@ def conv_work(func, args, kwargs, torch_flops: int) -> tuple[str, int]:
 def channels_last(func, args, kwargs) -> bool:
     """Whether cuDNN runs this convolution in NHWC: PyTorch asks cudnn_conv_suggest_memory_format (aten/src/ATen/
     native/ConvUtils.h), which answers channels-last when the input or the weight is channels-last (and 4-D); the
-    backward is asked the same of its grad_output's input and weight."""
+    backward asks it of the same input and weight, never of grad_output."""
     a = _named(func, args, kwargs)
     for t in (a.get("input"), a.get("weight")):
         if isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_contiguous() \
