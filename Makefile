@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test lint test-slow test-all test-cuda-build browser sky bench bench-truth gpu-check wheelhouse clean
+.PHONY: install demo test lint test-slow test-all test-cuda-build browser sky bench bench-truth bench-conv gpu-check wheelhouse clean
 
 $(BIN)/rentplan: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,8 @@ bench: install
 BENCH ?= .venv-bench
 bench-truth: $(BENCH)/installed
 	$(BENCH)/bin/python benchmarks/gpu_truth.py
+bench-conv: $(BENCH)/installed
+	$(BENCH)/bin/python benchmarks/conv_truth.py --fit
 $(BENCH)/installed: pyproject.toml Makefile  # the pins below are in this file
 	$(PYTHON) -m venv $(BENCH)
 	$(BENCH)/bin/pip install -q --upgrade pip

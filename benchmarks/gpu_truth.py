@@ -114,33 +114,36 @@ def compare(row: dict, lines, cfg: ProbeConfig) -> dict:
 
 
 def time_parts(lines, cfg: ProbeConfig) -> dict:
-    """The uncalibrated point time of the steady update, split into compute-bound (matmul, attention, conv),
-    memory-bound and launch-bound seconds: what --fit scales."""
+    """The uncalibrated point time of the steady update, split into compute-bound (matmul, attention),
+    memory-bound and launch-bound seconds: what --fit scales; and the compute-bound convolutions' seconds at the
+    point's own convolution figures (roofline.CONV_MODEL, fitted on the public ConvNet rows of
+    benchmarks/conv_truth.py), which --fit leaves as they are, as it does the launches."""
     from planner.inputs.catalog import load_catalog
-    from planner.models.roofline import Fractions, census_for, op_seconds
+    from planner.models.roofline import POINT, Fractions, census_for, op_seconds
 
     gpu = load_catalog().gpu("h100_sxm")
-    fr = Fractions("uncalibrated point", None, 0.60, 0.50, 0.85, 7e-6)
+    fr = Fractions("uncalibrated point", None, 0.60, 0.50, 0.85, 7e-6, conv_tf32=POINT.conv_tf32,
+                   conv_half=POINT.conv_half, conv_half_nchw=POINT.conv_half_nchw)
     st = lines[lines["phase"] == "steady"].iloc[0]
     c = census_for(st["op_profile_json"], "sm80+", int(st["micro_batch"]), int(st["seq_len"]),
                    int(st["grad_accum"])).for_precision(cfg.precision)
-    parts = {"compute": 0.0, "memory": 0.0, "launch": 0.0}
+    parts = {"compute": 0.0, "memory": 0.0, "launch": 0.0, "conv": 0.0}
     for row in c.profile["ops"]:
-        t, bound = op_seconds(row, gpu, c.tf32, fr, c.conv_tf32)
-        parts[bound] += row[4] * t
+        t, bound = op_seconds(row, gpu, c.tf32, fr, c.conv_tf32, c.conv_layout)
+        parts["conv" if row[0] == "conv" and bound == "compute" else bound] += row[4] * t
     parts["launch"] += max(0.0, c.profile["launches"] - sum(r[4] for r in c.profile["ops"])) * fr.launch_s
     return parts
 
 
 def fit(rows: list[dict]) -> str:
-    """real = k_c × compute + k_m × memory + launch, least squares on relative error, and each row predicted by
+    """real = k_c × compute + k_m × memory + launch + conv, least squares on relative error, and each row predicted by
     the fit of the others (leave-one-out): the figures the point estimate's calibration rests on."""
     import numpy as np
 
     def solve(rs):
         a = np.array([[r["parts"]["compute"], r["parts"]["memory"]] for r in rs]) / np.array(
             [[r["step_ms"] / 1e3] for r in rs])
-        y = np.array([1 - r["parts"]["launch"] / (r["step_ms"] / 1e3) for r in rs])
+        y = np.array([1 - (r["parts"]["launch"] + r["parts"]["conv"]) / (r["step_ms"] / 1e3) for r in rs])
         return np.linalg.lstsq(a, y, rcond=None)[0]
 
     ok = [r for r in rows if "parts" in r]
@@ -149,7 +152,7 @@ def fit(rows: list[dict]) -> str:
     for i, r in enumerate(ok):
         kc, km = solve(ok[:i] + ok[i + 1:])
         p = r["parts"]
-        loo.append((kc * p["compute"] + km * p["memory"] + p["launch"]) / (r["step_ms"] / 1e3) - 1)
+        loo.append((kc * p["compute"] + km * p["memory"] + p["launch"] + p["conv"]) / (r["step_ms"] / 1e3) - 1)
     return (f"fit on {len(ok)} rows: k_compute {k[0]:.3f}, k_memory {k[1]:.3f}; leave-one-out within 15 % on "
             f"{sum(abs(e) <= .15 for e in loo)} (median {statistics.median(abs(e) for e in loo):.1%}): "
             + ", ".join(f"{r['tag']} {e:+.0%}" for r, e in zip(ok, loo)))

@@ -7,7 +7,8 @@ inputs and losses. Nothing is downloaded.
   rows' date (4.46, pinned by `make bench-truth`). T5's has changed since: under transformers 5.25, even with 2024's
   eager attention re-created, T5-large's estimate read 1.2-1.8 % under these rows' active peaks; 4.46's reads 0.1-0.5 %.
 - timm (vit_huge_patch14_clip_224, convnextv2_huge): `timm.create_model(name, pretrained=False)` (1000 classes),
-  random images of side `seq_len`, cross-entropy.
+  random images of side `seq_len`, cross-entropy; `memory_format=channels_last` states NHWC (the public ConvNet
+  rows of benchmarks/conv_truth.py ran their mixed-precision runs so).
 - clip (clip-vit-large-patch14-336): `CLIPModel` from its config, images of side `seq_len`, the text config's
   max_length of token ids, and torchmultimodal's contrastive loss with a learned temperature.
 
@@ -48,10 +49,11 @@ class ClipWithLoss(nn.Module):
 
 
 class Truth:
-    def __init__(self, kind: str, source: str, classes: int = 1000):
+    def __init__(self, kind: str, source: str, classes: int = 1000, memory_format: str = "contiguous"):
         if kind not in ("causal-lm", "seq2seq", "timm", "clip"):
             raise ValueError(f"kind must be causal-lm, seq2seq, timm or clip, got {kind!r}")
         self.kind, self.source, self.classes = kind, source, int(classes)
+        self.memory_format = memory_format  # the harness applies it (README, 'The workload contract')
         self.name = f"truth-{kind}-{source.rstrip('/').split('/')[-1]}"
         self.config = None
         if kind != "timm":
@@ -93,5 +95,5 @@ class Truth:
         return model(**batch).loss
 
 
-def truth(kind: str, source: str, classes: int = 1000):
-    return Truth(kind, source, classes)
+def truth(kind: str, source: str, classes: int = 1000, memory_format: str = "contiguous"):
+    return Truth(kind, source, classes, memory_format)

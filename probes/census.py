@@ -79,6 +79,18 @@ def conv_work(func, args, kwargs, torch_flops: int) -> tuple[str, int]:
     return kind, int(forward * (bool(mask[0]) + bool(mask[1])))
 
 
+def channels_last(func, args, kwargs) -> bool:
+    """Whether cuDNN runs this convolution in NHWC: PyTorch asks cudnn_conv_suggest_memory_format (aten/src/ATen/
+    native/ConvUtils.h), which answers channels-last when the input or the weight is channels-last (and 4-D); the
+    backward asks it of the same input and weight, never of grad_output."""
+    a = _named(func, args, kwargs)
+    for t in (a.get("input"), a.get("weight")):
+        if isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_contiguous() \
+                and t.is_contiguous(memory_format=torch.channels_last):
+            return True
+    return False
+
+
 def attention_flops(func, args, kwargs, torch_flops: int) -> int:
     """An attention op's FLOPs, causal masks counted.
 
@@ -166,6 +178,7 @@ class OpCensus(TorchDispatchMode):
         super().__init__()
         self.rows: Counter = Counter()
         self.launches = 0
+        self.conv_flops: Counter = Counter()  # a convolution's FLOPs by the layout cuDNN runs it in
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE and type(args[0]) is FakeTensor:  # `.device`: no kernel, asked per tensor
@@ -184,6 +197,8 @@ class OpCensus(TorchDispatchMode):
             flops = int(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
         if kind == "conv":
             kind, flops = conv_work(func, args, kwargs, flops)
+            if kind == "conv":
+                self.conv_flops["channels_last" if channels_last(func, args, kwargs) else "contiguous"] += flops
         elif kind == "attention" and flops:
             flops = attention_flops(func, args, kwargs, flops)
         moved = sum(_bytes(t) for t in ins) + sum(_bytes(t) for t in outs)
@@ -201,8 +216,11 @@ class OpCensus(TorchDispatchMode):
     def profile(self) -> dict:
         rows = sorted(([k, d, f, b, n] + ([list(g)] if g else []) for (k, d, f, b, g), n in self.rows.items()),
                       key=lambda r: (r[0], r[1], -r[2], -r[3]))
-        return {"ops": rows, "launches": self.launches,
-                "flops": sum(r[2] * r[4] for r in rows), "bytes": sum(r[3] * r[4] for r in rows)}
+        out = {"ops": rows, "launches": self.launches,
+               "flops": sum(r[2] * r[4] for r in rows), "bytes": sum(r[3] * r[4] for r in rows)}
+        if sum(self.conv_flops.values()):  # the layout most of the convolutions' work ran in, which the planner
+            out["conv_memory_format"] = max(("contiguous", "channels_last"), key=lambda f: self.conv_flops[f])
+        return out  # times them by (planner/models/roofline.conv_fraction)
 
 
 def _resolved(leaf: str) -> str:

@@ -25,6 +25,11 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TRUE_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16}  # everything kept in this dtype
 
 
+def memory_format(workload) -> str:
+    """The workload's optional memory_format (checked where it loads, probes/workloads.MEMORY_FORMATS)."""
+    return getattr(workload, "memory_format", "contiguous")
+
+
 def count_targets(workload, batch: dict) -> int:
     """Targets that count in the loss (the contract's optional count_targets); else the micro-batch size."""
     if hasattr(workload, "count_targets"):
@@ -107,6 +112,9 @@ class Trainer:
         tensors = list(self.model.parameters()) + list(self.model.buffers())
         if any(t.device != device for t in tensors):  # a workload that ignored the device context
             self.model.to(device)
+        self.channels_last = memory_format(workload) == "channels_last"
+        if self.channels_last:  # the workload's stated layout: 4-D weights (and inputs, in batch) in NHWC
+            self.model.to(memory_format=torch.channels_last)
         if cfg.checkpointing:
             if not hasattr(self.model, "gradient_checkpointing_enable"):
                 raise RuntimeError("checkpointing=on but the model has no gradient_checkpointing_enable()")
@@ -141,6 +149,10 @@ class Trainer:
             batch = self.workload.make_batch(*args)
             if self.true_dtype is not None:  # float inputs in the model's dtype (token ids stay integers)
                 batch = {k: (v.to(self.true_dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+                         for k, v in batch.items()}
+            if self.channels_last:  # images in NHWC, as the model's weights (to_device keeps the strides)
+                batch = {k: (v.contiguous(memory_format=torch.channels_last)
+                             if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() == 4 else v)
                          for k, v in batch.items()}
             return batch
 

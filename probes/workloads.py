@@ -266,7 +266,17 @@ def load_workload(ref: str, params: dict[str, Any] | None = None):
             parts.append("not callable: " + ", ".join(not_callable))
         raise WorkloadError(f"workload {ref!r} returned an object that does not obey the contract "
                             f"({'; '.join(parts)}). See the README, 'The workload contract'.")
+    fmt = getattr(obj, "memory_format", "contiguous")
+    if fmt not in MEMORY_FORMATS:
+        raise WorkloadError(f"workload {ref!r} states memory_format {fmt!r}: it must be one of "
+                            f"{', '.join(MEMORY_FORMATS)}. See the README, 'The workload contract'.")
     return obj
+
+
+# A workload's optional `memory_format`: the layout the harness gives its model and its 4-D float inputs
+# (probes/loop.Trainer). cuDNN runs tensor-core convolutions in NHWC; NCHW tensors are transposed around them,
+# which costs time (planner/models/roofline.py, conv_fraction).
+MEMORY_FORMATS = ("contiguous", "channels_last")
 
 
 def _signature(factory) -> str:

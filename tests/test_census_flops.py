@@ -145,3 +145,21 @@ def test_an_lstm_update_on_an_h100_takes_at_least_its_flops_at_the_peak():
     census = Census("sm80+", profile, 8, 256, 1)
     seconds = census.seconds(gpu, 8, 256, 1, FAST)
     assert seconds > profile["flops"] / (gpu.fp32_tflops * 1e12)
+
+
+def test_a_workload_states_channels_last_and_the_census_records_it():
+    """The workload contract's `memory_format`: the harness (probes/loop.Trainer) puts the model's 4-D weights and
+    the batch's images in NHWC, so cuDNN would run the convolutions channels-last, and the census (on the line's
+    op_profile_json) says which layout they ran in; an unknown format is refused where the workload is loaded."""
+    from planner.errors import WorkloadError
+    from planner.records import ProbeConfig
+    from probes.census import census as count
+    from probes.workloads import load_workload
+
+    ref = "tests/workloads.py:resnet50_like"
+    cfg = ProbeConfig(workload=ref, micro_batch=2, seq_len=32, precision="fp32", mode="estimated", target="sm80+")
+    for fmt in ("channels_last", "contiguous"):
+        assert count(load_workload(ref, {"memory_format": fmt, "blocks": 1, "classes": 10}), cfg)[
+            "conv_memory_format"] == fmt
+    with pytest.raises(WorkloadError, match="memory_format 'nhwc'"):
+        load_workload(ref, {"memory_format": "nhwc"})

@@ -192,3 +192,68 @@ def test_an_fp32_conv_net_is_timed_on_a_gpu_the_catalog_gives_only_a_tf32_figure
     off = Census("sm80+", {**conv.profile, "cudnn_allow_tf32": False}, 1, 1, 1)
     assert off.missing_peak(nvl) == "float32"
     assert census([["matmul", "float32", 1e12, 1e6, 1]]).missing_peak(nvl) == "float32"  # matmuls: TF32 off
+
+
+A100 = CATALOG.gpu("a100_80gb_sxm")
+
+
+def test_convolutions_take_the_fraction_of_their_precision_and_layout():
+    """cuDNN's convolutions reach their own share of the tensor-core peak, by precision and layout (roofline.
+    CONV_MODEL, fitted on NVIDIA's public ResNet-50 rows), not the matmul's MAMF: TF32 from the NCHW TF32 row, half
+    from the channels-last AMP row, half in NCHW that share × conv_half_nchw (PyTorch's channels-last tutorial)."""
+    from planner.models.roofline import conv_fraction, matmul_fraction
+
+    assert 0 < POINT.conv_tf32 < POINT.conv_half < matmul_fraction(A100, POINT)
+    assert 0 < POINT.conv_half_nchw < 1
+    flops = 1e15
+    tf32 = census([["conv", "float32", flops, 0, 1]]).seconds(A100, 1, 1, 1, POINT)
+    assert math.isclose(tf32, flops / (A100.tf32_dense_tflops * 1e12 * POINT.conv_tf32))
+    half = {fmt: Census("sm80+", {"ops": [["conv", "float16", flops, 0, 1]], "launches": 1,
+                                  "conv_memory_format": fmt}, 1, 1, 1).seconds(A100, 1, 1, 1, POINT)
+            for fmt in ("channels_last", "contiguous")}
+    assert math.isclose(half["channels_last"], flops / (A100.fp16_dense_tflops * 1e12 * POINT.conv_half))
+    assert math.isclose(half["contiguous"], half["channels_last"] / POINT.conv_half_nchw)
+    # a census from before layouts were counted is NCHW, PyTorch's default
+    assert census([["conv", "float16", flops, 0, 1]]).seconds(A100, 1, 1, 1, POINT) == half["contiguous"]
+    # fp32 on the CUDA cores (TF32 off, or a GPU without TF32) keeps the matmul fraction
+    assert conv_fraction(A100, "float32", False, "contiguous", POINT) == matmul_fraction(A100, POINT)
+    assert conv_fraction(CATALOG.gpu("v100_16gb"), "float32", True, "contiguous", POINT) \
+        == matmul_fraction(CATALOG.gpu("v100_16gb"), POINT)
+    # the fast end stays the cited MAMF; the slow end keeps the matmul range's proportion below the point
+    assert conv_fraction(A100, "float16", True, "channels_last", FAST) == FAST.matmul
+    assert math.isclose(SLOW.conv_half / POINT.conv_half, SLOW.matmul / FAST.matmul)
+    assert math.isclose(SLOW.conv_tf32 / POINT.conv_tf32, SLOW.matmul / FAST.matmul)
+
+
+@pytest.mark.slow  # two ResNet-50 estimates at batch 256 (about a minute on 2 cores)
+def test_resnet50_on_an_a100_in_tf32_and_channels_last_amp_is_timed_from_the_public_figures(tmp_path):
+    """#43 item 5, the user's steps: ResNet-50 at batch 256, estimated for sm80+ and planned on an A100 80GB SXM.
+    NVIDIA's DeepLearningExamples (resnet50v1.5/README.md, 1 × A100 80GB): 938 img/s in TF32 (273 ms a step; NCHW)
+    and 2470 img/s in mixed precision (104 ms; channels-last, configs.yml). The plan said 131–221 ms for TF32."""
+    from planner.decisions.pipeline import make_plan
+    from planner.ledger import read_lines
+    from planner.records import ProbeConfig
+    from probes.runner import run_grid
+    from tests.test_recommendations import campaign
+
+    ref = "tests/workloads.py:resnet50_like"
+    rows = {"fp32": ("contiguous", 0.2729), "fp16": ("channels_last", 0.1036)}
+    for precision, (fmt, real_s) in rows.items():
+        params = {"memory_format": fmt}
+        path = str(tmp_path / f"{precision}.db")
+        run_grid([ProbeConfig(workload=ref, params_json=json.dumps(params, sort_keys=True), micro_batch=256,
+                              seq_len=224, eval_seq_len=224, eval_micro_batch=256, precision=precision,
+                              optimizer="sgd", mode="estimated", target="sm80+")], path, progress=lambda m: None)
+        lines = read_lines(path)
+        steady = lines[lines["phase"] == "steady"].iloc[0]
+        assert json.loads(steady["op_profile_json"])["sm80+"]["conv_memory_format"] == fmt  # on the ledger line
+        spec = campaign(workload=ref, params=params, precision=precision, optimizer="sgd", seq_len=224,
+                        effective_batch=256, eval={"every_updates": 50, "examples": 256, "seq_len": 224})
+        sheet = make_plan(spec, lines, CATALOG).sheet
+        row = sheet[sheet["offer"] == "runpod-a100_80gb_sxm-1x"].iloc[0]
+        assert row["micro_batch"] == 256
+        low, point, high = row["update_s_low"], row["update_s_point"], row["update_s_high"]
+        assert low <= real_s <= high, (precision, low, real_s, high)
+        assert abs(point / real_s - 1) < 0.15, (precision, point, real_s)
+        basis = row["time_basis"]
+        assert ("channels-last" if fmt == "channels_last" else "NCHW") in basis, basis

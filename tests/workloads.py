@@ -473,3 +473,54 @@ def interrupt_once(marker: str, at_index: int = 5, **kw):
 
     w.make_batch = make_batch
     return w
+
+
+class ResNet50Like:
+    """ResNet-50 v1.5 (torchvision's and NVIDIA DeepLearningExamples' layout: bottlenecks of [3, 4, 6, 3], the stride
+    on the 3×3 conv, batch norm and ReLU), written out so the tests need no torchvision; images of side seq_len,
+    1000 classes, cross-entropy. `memory_format` is the workload contract's optional member; `blocks` > 0 puts that
+    many bottlenecks in each stage (a small net for quick tests)."""
+
+    def __init__(self, memory_format: str = "contiguous", classes: int = 1000, blocks: int = 0):
+        self.name = "resnet50-like"
+        self.memory_format, self.classes = memory_format, classes
+        self.stages = (3, 4, 6, 3) if blocks <= 0 else (blocks,) * 4
+
+    def build_model(self):
+        import torch.nn as nn
+
+        def bn_conv(cin, cout, k, stride=1):
+            return [nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout)]
+
+        class Bottleneck(nn.Module):
+            def __init__(self, cin, width, stride):
+                super().__init__()
+                cout = width * 4
+                self.body = nn.Sequential(*bn_conv(cin, width, 1), nn.ReLU(inplace=True),
+                                          *bn_conv(width, width, 3, stride), nn.ReLU(inplace=True),
+                                          *bn_conv(width, cout, 1))
+                self.down = nn.Sequential(*bn_conv(cin, cout, 1, stride)) if stride != 1 or cin != cout else None
+
+            def forward(self, x):
+                return (self.body(x) + (x if self.down is None else self.down(x))).relu_()
+
+        layers, cin = [*bn_conv(3, 64, 7, 2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)], 64
+        for width, blocks, stride in zip((64, 128, 256, 512), self.stages, (1, 2, 2, 2)):
+            for i in range(blocks):
+                layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
+                cin = width * 4
+        return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, self.classes))
+
+    def make_batch(self, split, index, micro_batch, seq_len):
+        import zlib
+
+        g = torch.Generator().manual_seed(zlib.crc32(f"{split}:{index}".encode()))
+        return {"x": torch.randn(micro_batch, 3, seq_len, seq_len, generator=g),
+                "y": torch.randint(0, self.classes, (micro_batch,), generator=g)}
+
+    def compute_loss(self, model, batch):
+        return torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+
+
+def resnet50_like(memory_format: str = "contiguous", classes: int = 1000, blocks: int = 0):
+    return ResNet50Like(memory_format, classes, blocks)
