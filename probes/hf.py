@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import zlib
 from pathlib import Path
@@ -56,11 +57,33 @@ def _data_files(data: str | None, val_data: str | None) -> tuple[Path | None, Pa
     return (Path(data) if data else None), (Path(val_data) if val_data else None)
 
 
+def _quant_options(quantize, bnb, head, double_quant, quant_from):
+    """QLoRA's loader, as the run will have it (probes/quantize.py QuantOptions): bnb=VERSION (estimates trace
+    that version's MatMul4Bit), quant_head, double_quant, quant_from (float16 for Lightning/litgpt)."""
+    from probes.quantize import QuantOptions, installed_version
+
+    dtypes = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    given = bnb is not None or head or not double_quant or quant_from not in ("bfloat16", "bf16")
+    if given and not quantize:
+        raise WorkloadError("bnb, quant_head, double_quant and quant_from describe quantized base weights: give "
+                            "quantize=nf4|fp4 too")
+    if str(quant_from) not in dtypes:
+        raise WorkloadError(f"quant_from must be bfloat16 or float16, got {quant_from!r}")
+    if bnb is not None and quantize:
+        if not re.fullmatch(r"\d+\.\d+(\.\d+)?", str(bnb)):
+            raise WorkloadError(f"bnb must be a bitsandbytes version such as 0.42.0, got {bnb!r}")
+        installed_version()  # bitsandbytes itself is needed either way
+    return QuantOptions(head=bool(head), double_quant=bool(double_quant), from_dtype=dtypes[str(quant_from)],
+                        bnb=str(bnb) if bnb is not None else "")
+
+
 class HFWorkload:
 
     def __init__(self, path: str, lora=None, data: str | None = None, fields: str | None = None,
                  weights: bool = False, task: str | None = None, num_labels: int | None = None,
-                 val_data: str | None = None, on_truncate: str = "warn", quantize: str | None = None):
+                 val_data: str | None = None, on_truncate: str = "warn", quantize: str | None = None,
+                 bnb: str | None = None, quant_head: bool = False, double_quant: bool = True,
+                 quant_from: str = "bfloat16"):
         try:
             from transformers import AutoConfig
         except ImportError:
@@ -85,6 +108,7 @@ class HFWorkload:
             raise WorkloadError("quantize needs lora: quantized base weights do not train (QLoRA trains an adapter "
                                 "on them), e.g. lora=r=16,alpha=32,targets=q_proj+v_proj")
         self.quantize = quantize
+        self.quant_options = _quant_options(quantize, bnb, quant_head, double_quant, quant_from)
         # QLoRA: the base (embeddings, norms, head) in the compute dtype, the linears quantized after building.
         self.base_dtype = COMPUTE_DTYPE if quantize else None
         self.weights = bool(weights)
@@ -226,7 +250,20 @@ class HFWorkload:
         """Estimates: the weights that will be quantized are never made unquantized (probes/quantize.py)."""
         from probes.quantize import weights_to_quantize
 
-        return weights_to_quantize(model) if self.quantize else set()
+        return weights_to_quantize(model, self.quant_options.head) if self.quantize else set()
+
+    def memory_note(self, model) -> str:
+        """Estimates: what the trace of the quantized layers assumed that the line should say."""
+        if not self.quantize or self.quantize == "int8":
+            return ""
+        from probes.quantize import BnbSemantics, held_note, installed_version
+
+        o, notes = self.quant_options, []
+        if o.bnb and BnbSemantics.of(o.bnb) != BnbSemantics.of(installed_version()):
+            notes.append(f"4-bit layers traced as bitsandbytes {o.bnb}'s MatMul4Bit (this machine has "
+                         f"{installed_version()})")
+        notes.append(held_note(model))
+        return "; ".join(n for n in notes if n)
 
     def after_build(self, model, device, fake: bool):
         """QLoRA: quantize the base's linears one at a time, then put LoRA on them."""
@@ -234,7 +271,14 @@ class HFWorkload:
             return model
         from probes.quantize import quantize
 
-        model = quantize(model, self.quantize, device, fake)
+        from probes.quantize import BnbSemantics, installed_version
+
+        wanted = self.quant_options.bnb
+        if not fake and wanted and BnbSemantics.of(wanted) != BnbSemantics.of(installed_version()):
+            raise WorkloadError(f"bnb={wanted}: a measured run uses the installed bitsandbytes "
+                                f"{installed_version()}, whose MatMul4Bit keeps other tensors; install "
+                                f"bitsandbytes=={wanted} to measure it, or estimate (which traces {wanted}'s)")
+        model = quantize(model, self.quantize, device, fake, self.quant_options)
         if not fake:
             return self._with_lora(model)
         # Under the estimate's modes peft's module moves fail on fake parameters: it wraps the layers outside

@@ -263,7 +263,8 @@ class Pilot:
             met = self.fake_mode.unverified_note(self.cfg.target not in ("", "cpu", None))
             return {**work, "loss_first": None, "loss_last": None,
                     "detail": f"estimated: one update under fake tensors with {self.kernel_note()} (no time measured)"
-                              + (f"; ops whose estimate may differ from the kernel: {met}" if met else "")}
+                              + (f"; ops whose estimate may differ from the kernel: {met}" if met else "")
+                              + (f"; {held}" if (held := self.memory_note()) else "")}
         return {**work, "update_times_s": json.dumps(times), "update_s": _median(times),
                 "loss_first": self.losses[0], "loss_last": self.losses[-1]}
 
@@ -321,6 +322,11 @@ class Pilot:
         loss = None if self.fake else res.loss
         return {"loss_first": loss, "loss_last": loss,
                 "detail": f"resumed at update {expected}, position {self.trainer.position - self.cfg.grad_accum}"}
+
+    def memory_note(self) -> str:
+        """The workload's own word on what its traced memory assumed (QLoRA's bitsandbytes version, probes/hf.py)."""
+        note = getattr(self.trainer.workload, "memory_note", None)
+        return note(self.trainer.model) if callable(note) else ""
 
     def kernel_note(self) -> str:
         if self.kernels is None:

@@ -483,3 +483,16 @@ def test_a_ledger_written_before_input_shapes_still_plans_and_gains_the_column(t
         pass
     again = read_lines(path)
     assert "input_shape" in again and set(again["input_shape"].fillna("")) == {""}
+
+
+def test_the_need_basis_says_what_a_quantized_trace_assumed():
+    """#43 item 2: a QLoRA estimate traced as an older bitsandbytes, holding the previous step's 4-bit inputs
+    (the loop is not traced), says both in the need's basis; lines without 4-bit layers add nothing."""
+    from planner.models.memory_model import quantized_layer_basis
+
+    detail = ("estimated: one update; 4-bit layers traced as bitsandbytes 0.42.0's MatMul4Bit (this machine has "
+              "0.50.2); bitsandbytes < 0.43.2 keeps each 4-bit layer's input on its graph node; a loop ...")
+    basis = quantized_layer_basis(["", detail, detail])
+    assert basis.count("traced as bitsandbytes 0.42.0's MatMul4Bit") == 1
+    assert "counted: the previous step's 4-bit layer inputs" in basis
+    assert quantized_layer_basis(["estimated: one update under fake tensors"]) == ""

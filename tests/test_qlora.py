@@ -154,3 +154,61 @@ def test_8b_qlora_is_planned_for_a_24_gb_card_from_its_estimate(tmp_path, monkey
     html = (tmp_path / "out" / "order_sheet.html").read_text()  # the cheap 24 GB cards are rows of the HTML table
     for offer in ("vast-rtx_4090-1x", "vast-rtx_3090-2x"):
         assert f'<td class="sticky">{offer}</td>' in html, offer
+
+
+# What bitsandbytes holds depends on its version (probes/quantize.py, BnbSemantics, with sources).
+def test_bitsandbytes_versions_and_what_their_matmul_keeps():
+    from probes.quantize import BnbSemantics
+
+    old, fixed, fused = BnbSemantics.of("0.42.0"), BnbSemantics.of("0.43.2"), BnbSemantics.of("0.50.0")
+    assert old.saves_input and old.dequantizes_forward  # 0.42.0 _functions.py:516, :523
+    assert not fixed.saves_input and fixed.dequantizes_forward  # PR #1270 (9e753741), first in 0.43.2
+    assert not fused.saves_input and not fused.dequantizes_forward  # gemm_4bit (#1949), first in 0.50.0
+    assert BnbSemantics.of("0.41.1").saves_input and not BnbSemantics.of("0.44.1").saves_input
+
+
+def test_an_old_bitsandbytes_holds_each_4bit_input_and_the_line_says_what_the_loop_may_add(llama):
+    """litgpt pinned bitsandbytes 0.42.0: its MatMul4Bit keeps every 4-bit layer's input on the graph node, and
+    litgpt's loop keeps the last step's logits into the next forward, so the previous step's inputs are held too.
+    The estimate holds them (the larger need) and its steady line names them with their bytes."""
+    lora = {"lora": LORA, "quantize": "nf4"}
+    phases = ("setup", "first_step", "steady")
+    now, _ = pilot(llama, "estimated", lora, phases)
+    old, _ = pilot(llama, "estimated", {**lora, "bnb": "0.42.0"}, phases)
+    assert old["setup"]["peak_allocated_bytes"] == now["setup"]["peak_allocated_bytes"]  # same weights
+    assert old["first_step"]["peak_allocated_bytes"] > now["first_step"]["peak_allocated_bytes"]  # inputs kept
+    held = old["steady"]["baseline_allocated_bytes"] - now["steady"]["baseline_allocated_bytes"]
+    assert held > 0  # the previous step's inputs, alive before the next forward
+    assert "bitsandbytes < 0.43.2 keeps each 4-bit layer's input" in old["steady"]["detail"]
+    assert "traced as bitsandbytes 0.42.0's MatMul4Bit" in old["steady"]["detail"]
+    assert "0.43.2" not in now["steady"]["detail"]
+
+
+def test_lightning_style_quantization_head_and_no_double_quant(llama):
+    """Lightning's BitsandbytesPrecision (litgpt) quantizes the head too and, in nf4 mode, keeps a float32 absmax
+    per 64 (no double quantization): 1/16 byte per parameter of statistics instead of about 1/64."""
+    base = {"lora": LORA, "quantize": "nf4"}
+    _, dq = pilot(llama, "estimated", base, ("setup",))
+    _, lit = pilot(llama, "estimated", {**base, "quant_head": True, "double_quant": False, "quant_from": "float16"},
+                   ("setup",))
+    q_dq, q_lit = quantized_bytes(dq), quantized_bytes(lit)
+    assert q_lit["quantized_params"] > q_dq["quantized_params"]  # the head is quantized too
+    assert q_lit["stats_bytes"] >= q_lit["quantized_params"] // 16  # float32 absmax per 64
+    assert q_dq["stats_bytes"] < q_dq["quantized_params"] // 32
+
+
+def test_a_measured_run_refuses_a_bitsandbytes_it_does_not_have(llama):
+    """A measured line is what the installed bitsandbytes kept: asking it to be 0.42.0's is an error on the line."""
+    cfg = ProbeConfig(workload=f"hf:{llama}", params_json=json.dumps({"lora": LORA, "quantize": "nf4", "bnb": "0.42.0"}),
+                      micro_batch=2, seq_len=32, eval_seq_len=32, precision="bf16", mode="measured")
+    out = {}
+    Pilot(cfg, "/nonexistent", lambda k, x: out.__setitem__(x["phase"], x) if k == "line" else None, "r", "p"
+          ).run(("setup",))
+    assert out["setup"]["verdict"] == "error"
+    assert "install bitsandbytes==0.42.0 to measure it" in out["setup"]["detail"]
+
+
+def test_quantizer_options_need_quantize(llama, tmp_path):
+    r = CliRunner().invoke(cli, ["estimate", "-w", f"hf:{llama}", "-p", f"lora={LORA}", "-p", "bnb=0.42.0",
+                                 "--ledger", str(tmp_path / "l.db")])
+    assert r.exit_code == 1 and "give quantize=nf4|fp4 too" in r.output

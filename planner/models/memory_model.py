@@ -8,6 +8,8 @@ With fewer than 3 distinct points the model falls back to a + b·tokens through 
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -241,9 +243,26 @@ def build_model(lines: pd.DataFrame, fragmentation: float) -> MemoryModel | None
     libraries = sorted({x for x in _text(ok, "libraries") if x})  # the model code the lines ran (HF's moves memory)
     if libraries:
         basis += f", under {'; '.join(libraries)}"
+    basis += quantized_layer_basis(_text(ok, "detail"))
     # Only complete configurations count as exact measurements.
     exact = {k: v for k, v in exact.items() if set(v) >= set(fits)}
     return MemoryModel(fits, basis, exact)
+
+
+TRACED_AS = re.compile(r"4-bit layers traced as bitsandbytes [0-9.]+'s MatMul4Bit")
+HELD_INPUTS = "keeps each 4-bit layer's input on its graph node"
+
+
+def quantized_layer_basis(details: list[str]) -> str:
+    """What the lines' traces of 4-bit layers assumed (probes/quantize.py says it on each steady line): the
+    bitsandbytes version traced, when not the installed one the libraries name, and the previous step's inputs
+    held, which depend on the user's loop and are counted (the larger need)."""
+    traced = sorted({m.group(0) for d in details for m in [TRACED_AS.search(d)] if m})
+    out = "".join(f"; {t}" for t in traced)
+    if any(HELD_INPUTS in d for d in details):
+        out += ("; counted: the previous step's 4-bit layer inputs, which bitsandbytes < 0.43.2 keeps while a loop "
+                "holds the last step's output (the loop is not traced, so the larger need)")
+    return out
 
 
 def _text(df: pd.DataFrame, name: str) -> list[str]:
