@@ -13,14 +13,14 @@ import tempfile
 
 import torch
 
+from planner.errors import WorkloadError
 from planner.inputs.catalog import load_catalog
 from planner.models.memory_model import phase_bytes
+from planner.models.timing import match_catalog_gpu
 from planner.outputs.orders import load_order
 from planner.records import ProbeConfig
-from planner.models.timing import match_catalog_gpu
-from planner.errors import WorkloadError
-from probes.workloads import locate_workload
 from probes.runner import run_grid
+from probes.workloads import locate_workload
 
 MEMORY_TOLERANCE = 0.10  # the pilot's need may exceed the planned need by this much before we refuse
 SLOW_TOLERANCE = 1.5  # ... and its update time the slow end of the range by this factor

@@ -233,8 +233,8 @@ def test_each_rank_resumes_its_own_generators(monkeypatch):
 def test_a_grid_files_device_is_the_one_checked(fake_cuda, tmp_path, monkeypatch):
     """`probe --grid grid.yaml` whose file says the device: the check reads it (the command line's --device no longer
     stands in for it with a default of auto)."""
-    from planner.inputs.grid import GridSpec
     from planner.commands.common import spec_from_options
+    from planner.inputs.grid import GridSpec
 
     (tmp_path / "grid.yaml").write_text("device: cuda\nstrategy: ddp\nnproc: 3\nmicro_batch: 1\nseq_len: 8\n")
     with pytest.raises(Exception, match="--nproc 3: this machine has 1 CUDA device"):

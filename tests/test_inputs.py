@@ -4,8 +4,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from planner.inputs.catalog import default_catalog_path
 from planner.cli import cli
+from planner.inputs.catalog import default_catalog_path
 from tests.factories import campaign_yaml, standard_ledger
 
 

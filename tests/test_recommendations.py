@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from planner.decisions.pipeline import make_plan
 from planner.inputs.campaign_spec import load_campaign_text
 from planner.inputs.catalog import load_catalog
 from planner.ledger import Ledger, read_lines
 from planner.outputs.orders import local_order
-from planner.decisions.pipeline import make_plan
 from planner.records import LINE_FIELDS, Line, ProbeConfig
 from tests.conftest import WORKLOADS
 from tests.factories import campaign_yaml, config, pilot_lines

@@ -78,8 +78,8 @@ def estimated(tmp_path_factory):
 
 @pytest.mark.slow
 def test_fp32_on_an_h100_is_planned_slower_than_bf16_by_about_their_peaks(estimated):
-    from planner.ledger import read_lines
     from planner.decisions.pipeline import make_plan
+    from planner.ledger import read_lines
     from tests.test_recommendations import campaign
 
     lines = read_lines(estimated)
@@ -96,8 +96,8 @@ def test_fp32_on_an_h100_is_planned_slower_than_bf16_by_about_their_peaks(estima
 
 
 def test_estimated_lines_carry_simulated_reserved_and_the_need_says_so(estimated):
-    from planner.ledger import read_lines
     from planner.decisions.pipeline import make_plan
+    from planner.ledger import read_lines
     from tests.test_recommendations import campaign
 
     lines = read_lines(estimated)

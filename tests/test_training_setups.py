@@ -5,11 +5,11 @@ import json
 
 import pytest
 
+from planner.decisions.select import choose_precision
 from planner.inputs.campaign_spec import load_campaign_text
 from planner.inputs.catalog import load_catalog
 from planner.inputs.grid import GridSpec, build_grid
 from planner.records import ProbeConfig
-from planner.decisions.select import choose_precision
 from tests.factories import campaign_yaml
 
 torch = pytest.importorskip("torch")

@@ -10,11 +10,10 @@ import sys
 import click
 
 from planner.errors import RentplanError
-from planner.optimizers import optimizer_help
-from planner.storage import WriteError
 from planner.inputs.grid import GridSpec
+from planner.optimizers import optimizer_help
 from planner.outputs.tables import FORMATS
-
+from planner.storage import WriteError
 
 
 def resolve_device(device: str, ranks: int = 1) -> str:

@@ -9,17 +9,14 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from planner.commands.common import catalog_path_option, format_option, friendly_errors, ledger_option, progress
 from planner.errors import InputError
-from planner.ledger import export_frame, read_lines
-from planner.outputs.tables import lines_view, render
-
-from planner.commands.common import (catalog_path_option, format_option, friendly_errors, ledger_option,
-                                      progress)
 from planner.inputs.catalog import default_catalog_path, load_catalog, merged_catalog_text, parse_catalog
 from planner.inputs.sources import SOURCES
 from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, load_yaml_file, load_yaml_text
+from planner.ledger import export_frame, read_lines
+from planner.outputs.tables import lines_view, render
 from planner.storage import atomic_write
-
 
 # ---------------------------------------------------------------- ledger
 

@@ -12,22 +12,38 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.inputs.campaign_spec import Campaign
 from planner.catalog_records import Catalog, Gpu, Offer
-from planner.errors import LedgerError, NoFeasibleGpu
 from planner.decisions.evidence import Evidence, choose, kernel_bases, run_facts, why_incomplete
 from planner.decisions.selfcheck import estimate_check
 from planner.decisions.shapes import agreeing_shape, input_kind
+from planner.errors import LedgerError, NoFeasibleGpu
+from planner.inputs.campaign_spec import Campaign
 from planner.models.kernels import kernel_target
-from planner.models.memory_model import (SEQ_LIMIT, MemoryModel, Need, allocated_factor, build_model, max_micro_batch,
-                                         max_seq_len)
-from planner.models.overheads import (CONV_ALLOWANCE, DDP_BROADCAST_BYTES, ESTIMATE_ALLOWANCE, NCCL_BYTES, MiB,
-                                      conv_note, estimate_note, has_convolutions, workspace_bytes)
+from planner.models.memory_model import (
+    SEQ_LIMIT,
+    MemoryModel,
+    Need,
+    allocated_factor,
+    build_model,
+    max_micro_batch,
+    max_seq_len,
+)
+from planner.models.overheads import (
+    CONV_ALLOWANCE,
+    DDP_BROADCAST_BYTES,
+    ESTIMATE_ALLOWANCE,
+    NCCL_BYTES,
+    MiB,
+    conv_note,
+    estimate_note,
+    has_convolutions,
+    workspace_bytes,
+)
 from planner.models.overheads import describe as describe_workspace
 from planner.models.timing import Throughput, TimeRange, match_catalog_gpu, throughput, update_time
+from planner.models.writes import write_time
 from planner.shapes import size_text
 from planner.units import fmt_bytes, fmt_seconds
-from planner.models.writes import write_time
 
 FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
 

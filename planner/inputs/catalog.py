@@ -10,11 +10,16 @@ from pathlib import Path
 
 from planner import PACKAGE_DIR
 from planner.catalog_records import (  # noqa: F401  (re-exported)
-    DISK_WRITE_MIB_S, Catalog, Gpu, Offer, normalize_gpu_name)
+    DISK_WRITE_MIB_S,
+    Catalog,
+    Gpu,
+    Offer,
+    normalize_gpu_name,
+)
 from planner.errors import CatalogError, InputError
-from planner.units import GiB
 from planner.inputs.schema import Defaults, GpuEntry, OfferEntry, validate
 from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, Problems, load_yaml_file, load_yaml_text
+from planner.units import GiB
 
 TOP_KEYS = {"schema", "defaults", "sources", "gpus", "offers"}
 SCHEMA = "rentplan-catalog/1"

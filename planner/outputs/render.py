@@ -17,19 +17,19 @@ import jinja2
 import pandas as pd
 
 from planner import PACKAGE_DIR, __version__
-from planner.inputs.campaign_spec import KEPT_CHECKPOINTS, Campaign
 from planner.catalog_records import Catalog
-from planner.outputs.orders import provenance, stack_for
 from planner.decisions.plans import nothing_to_order, ordered, recommend, window_notes
 from planner.decisions.select import NO_FIT
 from planner.decisions.shapes import input_kind_of
+from planner.inputs.campaign_spec import KEPT_CHECKPOINTS, Campaign
+from planner.models.memory_model import MB_LIMIT, SEQ_LIMIT
+from planner.outputs.figures import available, order_sheet_figures
+from planner.outputs.launch import SPEC_NAME, Unmountable, launch_files
+from planner.outputs.orders import provenance, stack_for
+from planner.outputs.skypilot import order_task
 from planner.shapes import dimension_words, size_text
 from planner.storage import made_or_nothing, write_all
 from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
-from planner.models.memory_model import SEQ_LIMIT, MB_LIMIT
-from planner.outputs.figures import available, order_sheet_figures
-from planner.outputs.launch import SPEC_NAME, Unmountable, launch_files
-from planner.outputs.skypilot import order_task
 
 _ENV: jinja2.Environment | None = None
 

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from planner import __version__
+from planner.errors import InputError, LedgerError
 from planner.inputs.schema import ManifestEntry, validate
 from planner.inputs.yamlsafe import Problems
-
-from planner.errors import InputError, LedgerError
 from planner.ledger import Ledger
-from planner import __version__
 from planner.outputs.render import render_template
 from planner.outputs.report import campaign_frames, run_table
 
