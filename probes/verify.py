@@ -56,7 +56,8 @@ def device_checks(order: dict) -> tuple[list[dict], str | None]:
         checks.append(_check("gpu count", torch.cuda.device_count() >= (exp.get("gpus") or 1),
                              f"{torch.cuda.device_count()} visible, {exp.get('gpus') or 1} ordered"))
         checks.append(_check("usable memory", props.total_memory >= 0.98 * exp["usable_bytes"],
-                             f"{props.total_memory / 2**30:.2f} GiB, catalog says {exp['usable_bytes'] / 2**30:.2f} GiB"))
+                             f"{props.total_memory / 2**30:.2f} GiB, catalog says "
+                             f"{exp['usable_bytes'] / 2**30:.2f} GiB"))
         cc = f"{props.major}.{props.minor}"
         if exp.get("bf16"):
             checks.append(_check("bf16", torch.cuda.is_bf16_supported(), f"compute capability {cc}"))

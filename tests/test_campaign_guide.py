@@ -43,9 +43,9 @@ def spec(tmp_path, text, name="c.yaml"):
 
 
 def tables(led):
-    with Ledger(led) as l:
-        return {t: l.table(t) for t in ("campaign_runs", "campaign_events", "campaign_metrics",
-                                        "campaign_predictions")}
+    with Ledger(led) as ledger:
+        return {t: ledger.table(t) for t in ("campaign_runs", "campaign_events", "campaign_metrics",
+                                             "campaign_predictions")}
 
 
 def report_rows(led):

@@ -79,7 +79,8 @@ def test_cheapest_offer_equals_brute_force(offers, hours_needed):
     from planner.decisions.plans import plan_windows
 
     camp = load_campaign_text(campaign_yaml(setup_hours=0), "t")
-    sheet = pd.DataFrame([{"offer": f"o{i}", "gpu": "g", "provider": "p", "strategy": "single", "strategy_label": "single", "verdict": FITS,
+    sheet = pd.DataFrame([{"offer": f"o{i}", "gpu": "g", "provider": "p", "strategy": "single",
+                           "strategy_label": "single", "verdict": FITS,
                            "variant_hours_low": h / speed, "variant_hours_high": h / speed,
                            "price_per_hour_usd": price, "billing_minimum_hours": 0.0, "unmodelled": "",
                            "idle_gpus": 0, "software": "cuda"}

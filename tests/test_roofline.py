@@ -109,7 +109,8 @@ def test_estimated_lines_carry_simulated_reserved_and_the_need_says_so(estimated
     assert "simulated by a model of CUDA's caching allocator" in row["need_basis"]
     assert "sm80+ kernels" in row["need_basis"]
     assert "estimated for the target's kernels" in row["evidence"]
-    assert "BLAS workspaces 66 MiB" in row["context_basis"]  # sm90, two threads: 2 × cuBLAS 32 MiB + 2 × cuBLASLt 1 MiB in one 2 MiB segment
+    # sm90, two threads: 2 × cuBLAS 32 MiB + 2 × cuBLASLt 1 MiB in one 2 MiB segment
+    assert "BLAS workspaces 66 MiB" in row["context_basis"]
 
 
 def test_fp32_convolutions_run_on_tf32_as_cudnn_does_by_default():

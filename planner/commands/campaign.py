@@ -226,5 +226,6 @@ def note(text, run_id, ledger_path):
             raise InputError(f"no run {run_id} in {ledger_path}: `rentplan campaign report` lists campaign runs, "
                              "`rentplan ledger show` the probes' runs.")
     with Ledger(ledger_path) as led:
-        led.add("notes", {"run_id": run_id, "text": text, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        led.add("notes", {"run_id": run_id, "text": text,
+                          "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     click.echo("noted")

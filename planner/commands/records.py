@@ -184,7 +184,8 @@ def catalog_import(path, source, skypilot_csv, provider, as_of, catalog_path, ou
         text, note = merged_catalog_text(src.read_text(encoding="utf-8"), offers, str(src))
     if note:
         progress(f"note: {note}")
-    parse_catalog(load_yaml_text(text, str(out_path), MAX_CATALOG_BYTES), str(out_path))  # the merged catalog validates first ...
+    # the merged catalog validates first ...
+    parse_catalog(load_yaml_text(text, str(out_path), MAX_CATALOG_BYTES), str(out_path))
     try:
         atomic_write(Path(out_path), text)  # ... then replaces the file in one step
     except OSError as e:

@@ -117,7 +117,8 @@ def _offer_rules(p: Problems, path: str, e, gpu_ids: set) -> bool:
 
 def merged_catalog_text(text: str, offers: list[dict], source: str) -> tuple[str, str]:
     """The catalog with the imported offers appended, and a note for the user. Appended as text where `offers:` is
-    the last key (its comments are kept), else the whole document written out again (comments lost: the note says so)."""
+    the last key (its comments are kept), else the whole document written out again (comments lost: the note says
+    so)."""
     import yaml
 
     data = load_yaml_text(text, source, MAX_CATALOG_BYTES)
