@@ -147,7 +147,8 @@ def main() -> None:
                                    "planned ms", "point", "inside"]))
     held = [o for o in out if o["role"] == "held out"]
     if held:
-        print(f"\nheld out ({len(held)} rows): median |error| before {statistics.median(abs(o['before_error']) for o in held):.1%}"
+        print(f"\nheld out ({len(held)} rows): median |error| before "
+              f"{statistics.median(abs(o['before_error']) for o in held):.1%}"
               f", after {statistics.median(abs(o['point_error']) for o in held):.1%}; inside the range "
               f"{sum(o['inside'] for o in held)} of {len(held)}")
     if fitted:

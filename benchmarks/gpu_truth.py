@@ -47,7 +47,8 @@ CALIBRATION = ("fitted on these rows: the estimator's +1.0 % allowance (all 15),
                "k_memory (all 15): the memory columns are in-sample for those allowances; the point's held-out check "
                "is --fit's leave-one-out (each row predicted by the fit of the other 14)")
 WORKLOAD = f"{ROOT / 'benchmarks' / 'truth_workloads.py'}:truth"
-PRECISION = {"fp32": "fp32", "fp16 autocast on fp32 weights": "fp16", "pure fp16 (weights and Adam state fp16)": "16-true"}
+PRECISION = {"fp32": "fp32", "fp16 autocast on fp32 weights": "fp16",
+             "pure fp16 (weights and Adam state fp16)": "16-true"}
 TRAINING = ("first_step", "steady")
 ROWS_TRANSFORMERS = "4.46."
 

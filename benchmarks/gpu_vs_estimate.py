@@ -94,7 +94,8 @@ def compare(measured, estimated, catalog, gpu, device: str) -> list[dict]:
     est_ids = {tuple(e[k] for k in shape): e_id for e_id, e in ef.iterrows()}
     for m_id, m in mf.iterrows():
         e_id = est_ids[tuple(m[k] for k in shape)]
-        ml, el = measured[measured.run_id == m_id].set_index("phase"), estimated[estimated.run_id == e_id].set_index("phase")
+        ml, el = (measured[measured.run_id == m_id].set_index("phase"),
+                  estimated[estimated.run_id == e_id].set_index("phase"))
         if not (ml["verdict"] == "ok").all() or not (el["verdict"] == "ok").all():
             rows.append({"config": label(m), "error": f"measured {set(ml['verdict'])} estimated {set(el['verdict'])}"})
             continue

@@ -12,12 +12,17 @@ from __future__ import annotations
 import click
 
 from planner import __version__
-from planner.commands.measure import probe, estimate
-from planner.commands.records import ledger, catalog
-from planner.commands.decide import plan, demo, verify, batch
+from planner.commands.campaign import archive, campaign, note
 from planner.commands.checks import inspect, overfit, resume_check, split
-from planner.commands.campaign import campaign, archive, note
-from planner.commands.decide import example_campaign_path  # noqa: F401  (tests and the guide use it)
+from planner.commands.decide import (
+    batch,
+    demo,
+    example_campaign_path,  # noqa: F401  (tests and the guide use it)
+    plan,
+    verify,
+)
+from planner.commands.measure import estimate, probe
+from planner.commands.records import catalog, ledger
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

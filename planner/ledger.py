@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import re
 import os
+import re
 import socket
 import sqlite3
 import time
@@ -21,8 +21,8 @@ from typing import Iterable
 import pandas as pd
 
 from planner.errors import LedgerError
-from planner.storage import advice, atomic_write, made_or_nothing, storage_problem
 from planner.records import FAILED, LINE_FIELDS, PHASES, Line, Verdict
+from planner.storage import advice, atomic_write, made_or_nothing, storage_problem
 
 SCHEMA_VERSION = 2  # 2: campaign_predictions and claims tables
 

@@ -3,10 +3,10 @@ folder is named as such, not blamed on the file being read)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-import contextlib
 from pathlib import Path
 
 FULL_BELOW_BYTES = 1 << 20  # less than this free is a full disk for a ledger line or a checkpoint

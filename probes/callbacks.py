@@ -93,7 +93,8 @@ class HFTrainerCallback(_HFBase):
         model.register_forward_pre_hook(_shape_hook(rec), with_kwargs=True)
         rec.begin(model, args.device, planned_updates=state.max_steps or None,
                   micro_batch=args.per_device_train_batch_size, eval_micro_batch=args.per_device_eval_batch_size,
-                  grad_accum=args.gradient_accumulation_steps, precision=HF_PRECISION[(bool(args.bf16), bool(args.fp16))],
+                  grad_accum=args.gradient_accumulation_steps,
+                  precision=HF_PRECISION[(bool(args.bf16), bool(args.fp16))],
                   checkpointing=bool(args.gradient_checkpointing or getattr(model, "is_gradient_checkpointing", False)),
                   optimizer=optimizer_name(optimizer) if optimizer is not None else str(args.optim),
                   lr=float(args.learning_rate),
@@ -214,7 +215,8 @@ class LightningCallback(_LBase):
         lr = optimizer.param_groups[0]["lr"] if optimizer is not None else 0.0
         rec.begin(pl_module, pl_module.device,
                   planned_updates=trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None,
-                  grad_accum=int(trainer.accumulate_grad_batches), precision=canonical_precision(str(trainer.precision)),
+                  grad_accum=int(trainer.accumulate_grad_batches),
+                  precision=canonical_precision(str(trainer.precision)),
                   checkpointing=self.checkpointing, optimizer=optimizer_name(optimizer) if optimizer else "none",
                   lr=float(lr), world_size=int(trainer.world_size),
                   strategy="single" if trainer.world_size <= 1 else type(trainer.strategy).__name__.lower()

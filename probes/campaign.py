@@ -26,16 +26,23 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from planner.tools.archive import sha256
-from planner.inputs.campaign_spec import (KEPT_CHECKPOINTS, Campaign, CampaignRun, RunVariant, StopRules,
-                                          Variant, campaign_run)
 from planner.errors import CampaignError
-from planner.ledger import LedgerFull, Ledger, holding, new_id
-from planner.storage import advice, made_or_nothing, storage_problem
+from planner.inputs.campaign_spec import (
+    KEPT_CHECKPOINTS,
+    Campaign,
+    CampaignRun,
+    RunVariant,
+    StopRules,
+    Variant,
+    campaign_run,
+)
+from planner.ledger import Ledger, LedgerFull, holding, new_id
 from planner.records import ProbeConfig
+from planner.storage import advice, made_or_nothing, storage_problem
+from planner.tools.archive import sha256
 from probes import checkpoint
-from probes.loop import NonFinite, Trainer
 from probes.distributed import barrier, from_rank0, summed, world_of
+from probes.loop import NonFinite, Trainer
 from probes.pilot import environment, last_line
 from probes.workloads import load_workload, local_modules
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import torch
 
 from planner.records import ProbeConfig
-from probes.builtin import IGNORE
 from probes import checkpoint
+from probes.builtin import IGNORE
 from probes.loop import Trainer, count_targets
-from probes.workloads import load_workload
 from probes.runner import call_in_worker
+from probes.workloads import load_workload
 
 SPARK = "▁▂▃▄▅▆▇█"
 

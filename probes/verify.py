@@ -13,14 +13,14 @@ import tempfile
 
 import torch
 
+from planner.errors import WorkloadError
 from planner.inputs.catalog import load_catalog
 from planner.models.memory_model import phase_bytes
+from planner.models.timing import match_catalog_gpu
 from planner.outputs.orders import load_order
 from planner.records import ProbeConfig
-from planner.models.timing import match_catalog_gpu
-from planner.errors import WorkloadError
-from probes.workloads import locate_workload
 from probes.runner import run_grid
+from probes.workloads import locate_workload
 
 MEMORY_TOLERANCE = 0.10  # the pilot's need may exceed the planned need by this much before we refuse
 SLOW_TOLERANCE = 1.5  # ... and its update time the slow end of the range by this factor
@@ -56,7 +56,8 @@ def device_checks(order: dict) -> tuple[list[dict], str | None]:
         checks.append(_check("gpu count", torch.cuda.device_count() >= (exp.get("gpus") or 1),
                              f"{torch.cuda.device_count()} visible, {exp.get('gpus') or 1} ordered"))
         checks.append(_check("usable memory", props.total_memory >= 0.98 * exp["usable_bytes"],
-                             f"{props.total_memory / 2**30:.2f} GiB, catalog says {exp['usable_bytes'] / 2**30:.2f} GiB"))
+                             f"{props.total_memory / 2**30:.2f} GiB, catalog says "
+                             f"{exp['usable_bytes'] / 2**30:.2f} GiB"))
         cc = f"{props.major}.{props.minor}"
         if exp.get("bf16"):
             checks.append(_check("bf16", torch.cuda.is_bf16_supported(), f"compute capability {cc}"))

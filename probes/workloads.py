@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import WorkloadError
+from planner.inputs.modules import OWN_PACKAGES, _installed, local_modules  # noqa: F401  (re-exported)
 
 REQUIRED = ("name", "build_model", "make_batch", "compute_loss")
-from planner.inputs.modules import OWN_PACKAGES, _installed, local_modules  # noqa: F401  (re-exported)
 
 
 def _builtin(name: str):

@@ -11,24 +11,27 @@ from pathlib import Path
 
 import pytest
 
-CHECK = """<script>
+CHECK = ("""<script>
 window.addEventListener('load', () => {
   const out = [];
   const doc = document.documentElement, W = window.innerWidth;
   const say = el => (el.textContent || '').trim().replace(/\\s+/g, ' ').slice(0, 60);
   // a wrapper that scrolls sideways: the one place where something may be wider than its box
   const scrolls = el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowX);
-  const wrapper = el => { for (let p = el.parentElement; p; p = p.parentElement) if (scrolls(p)) return p; return null; };
+  const wrapper = el => { for (let p = el.parentElement; p; p = p.parentElement) if (scrolls(p)) return p; """
+    """return null; };
   if (doc.scrollWidth > W + 1) out.push('page wider than the window: ' + doc.scrollWidth);
   // off the right edge (even where the page hides it): the outermost such element, outside a scrolling wrapper
   document.querySelectorAll('body *').forEach(el => {
     const r = el.getBoundingClientRect(), up = el.parentElement.getBoundingClientRect();
     if (r.width && r.right > W + 1 && up.right <= W + 1 && !wrapper(el))
-      out.push('runs off the right edge (to ' + Math.round(r.right) + ' px): <' + el.tagName.toLowerCase() + '> ' + say(el));
+      out.push('runs off the right edge (to ' + Math.round(r.right) + ' px): <' + el.tagName.toLowerCase() + """
+    """'> ' + say(el));
   });
   // a cell whose text does not fit its box is cut or spills over its neighbour
   document.querySelectorAll('td, th').forEach(c => {
-    if (c.scrollWidth > c.clientWidth + 1) out.push('a cell cut (' + c.scrollWidth + ' > ' + c.clientWidth + ' px): ' + say(c));
+    if (c.scrollWidth > c.clientWidth + 1) out.push('a cell cut (' + c.scrollWidth + ' > ' + c.clientWidth + """
+    """' px): ' + say(c));
   });
   document.querySelectorAll('body *').forEach(el => {
     if (getComputedStyle(el).textOverflow === 'ellipsis' && el.scrollWidth > el.clientWidth + 1)
@@ -66,7 +69,7 @@ window.addEventListener('load', () => {
     + scrolling.concat(out).join('\\n');
   document.body.appendChild(pre);
 });
-</script>"""
+</script>""")
 
 
 def chromium() -> str:

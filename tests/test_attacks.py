@@ -101,7 +101,8 @@ def skypilot_csv(path, price="2.5", spot="", encoding="utf-8", extra=""):
     return path
 
 
-@pytest.mark.parametrize("command", [["inspect"], ["probe", "--micro-batch", "1", "--seq-len", "8", "--ledger", "l.db"]])
+@pytest.mark.parametrize("command", [["inspect"],
+                                     ["probe", "--micro-batch", "1", "--seq-len", "8", "--ledger", "l.db"]])
 @pytest.mark.slow  # more than a few seconds: runs in make test-slow and CI
 def test_a_workload_that_forks_at_import_gets_an_error_and_leaves_no_process(tmp_path, command):
     """User: forky.py forks at import (the child sleeps 120 s): `probe` exited 0 without a word, and the child,
@@ -284,14 +285,14 @@ def test_a_claimed_configuration_is_skipped_by_a_second_probe(tmp_path):
     (cfg,) = build_grid(GridSpec(workload="builtin:gpt", params={"layers": 1, "d_model": 16, "heads": 2,
                                                                    "vocab": 32},
                                  micro_batch=[1], seq_len=[8], eval_seq_len=[8], device="cpu"))
-    with Ledger(led) as l:
-        assert l.claim(cfg.key(), "other-run", pid=os.getppid(), host=os.uname().nodename) is None  # taken
+    with Ledger(led) as ledger:
+        assert ledger.claim(cfg.key(), "other-run", pid=os.getppid(), host=os.uname().nodename) is None  # taken
     said = []
     res = run_grid([cfg], str(led), progress=said.append)
     assert res.run_ids == [] and any("claimed by" in s for s in said)
-    with Ledger(led) as l:
-        l.release(cfg.key(), "other-run")
-        assert l.claim(cfg.key(), "dead-run", pid=2**22 + 12345, host=os.uname().nodename) is None  # pid gone
+    with Ledger(led) as ledger:
+        ledger.release(cfg.key(), "other-run")
+        assert ledger.claim(cfg.key(), "dead-run", pid=2**22 + 12345, host=os.uname().nodename) is None  # pid gone
     res = run_grid([cfg], str(led), progress=said.append)
     assert len(res.run_ids) == 1  # a claim whose process is gone is taken over
 
@@ -499,9 +500,9 @@ def test_an_older_ledger_is_backed_up_before_it_is_migrated(tmp_path):
     con.commit()
     con.close()
     attack(["ledger", "show", "--ledger", led], [led], code=0)  # read as it is, untouched
-    with Ledger(led) as l:  # a command that writes migrates it, after a backup
-        backup = l.backup
-        assert "campaign_predictions" in {r[0] for r in l.db.execute("SELECT name FROM sqlite_master")}
+    with Ledger(led) as ledger:  # a command that writes migrates it, after a backup
+        backup = ledger.backup
+        assert "campaign_predictions" in {r[0] for r in ledger.db.execute("SELECT name FROM sqlite_master")}
     assert backup.name == "l.db.schema1.bak" and backup.is_file()
     con = sqlite3.connect(backup)
     assert con.execute("SELECT value FROM meta").fetchone()[0] == "1"

@@ -47,8 +47,8 @@ def campaign_dir(tmp_path_factory):
 
 
 def runs_of(led):
-    with Ledger(led) as l:
-        return l.table("campaign_runs"), l.table("campaign_events"), l.table("campaign_metrics")
+    with Ledger(led) as ledger:
+        return ledger.table("campaign_runs"), ledger.table("campaign_events"), ledger.table("campaign_metrics")
 
 
 def test_lr_comparison_report_keeps_the_diverged_run_and_its_retry(campaign_dir):
@@ -89,7 +89,8 @@ def test_a_variant_that_changes_the_effective_batch_is_refused(tmp_path):
     (tmp_path / "c.yaml").write_text(bad)
     r = CliRunner().invoke(cli, ["campaign", "run", str(tmp_path / "c.yaml"), "--ledger", str(tmp_path / "l.db")])
     assert r.exit_code == 1
-    assert "variants[1].effective_batch: a variant may change only lr, micro_batch, checkpointing, precision" in r.output
+    assert ("variants[1].effective_batch: a variant may change only lr, micro_batch, checkpointing, "
+            "precision" in r.output)
 
 
 def test_finish_detects_a_flipped_weight(campaign_dir):
@@ -131,14 +132,14 @@ def test_archive_verify_fails_on_tampered_and_missing_files(campaign_dir, tmp_pa
 
 def test_planner_uses_observed_times_when_a_campaign_ran_on_that_gpu(tmp_path):
     led = standard_ledger(tmp_path / "l.db")
-    with Ledger(led) as l:
-        l.add("campaign_runs", {"run_id": "c-1", "campaign": "test-campaign", "variant": "control", "seed": 0,
-                                "lr": 1e-4, "config_json": "{}", "device": "cuda:0",
-                                "device_name": "NVIDIA H100 80GB HBM3", "torch_version": "2.13.0",
-                                "code_revision": "x", "started_at": "2026-12-01"})
+    with Ledger(led) as ledger:
+        ledger.add("campaign_runs", {"run_id": "c-1", "campaign": "test-campaign", "variant": "control", "seed": 0,
+                                     "lr": 1e-4, "config_json": "{}", "device": "cuda:0",
+                                     "device_name": "NVIDIA H100 80GB HBM3", "torch_version": "2.13.0",
+                                     "code_revision": "x", "started_at": "2026-12-01"})
         for u in range(1, 11):
-            l.add("campaign_metrics", {"run_id": "c-1", "update_no": u, "kind": "train", "loss": 1.0, "lr": 1e-4,
-                                       "accuracy": None, "seconds": 0.25, "at": "t"})
+            ledger.add("campaign_metrics", {"run_id": "c-1", "update_no": u, "kind": "train", "loss": 1.0, "lr": 1e-4,
+                                            "accuracy": None, "seconds": 0.25, "at": "t"})
     camp = tmp_path / "c.yaml"
     camp.write_text(campaign_yaml())
     rows = json.loads(run("plan", "--campaign", str(camp), "--ledger", led, "--format", "json").stdout)["selection"]

@@ -43,9 +43,9 @@ def spec(tmp_path, text, name="c.yaml"):
 
 
 def tables(led):
-    with Ledger(led) as l:
-        return {t: l.table(t) for t in ("campaign_runs", "campaign_events", "campaign_metrics",
-                                        "campaign_predictions")}
+    with Ledger(led) as ledger:
+        return {t: ledger.table(t) for t in ("campaign_runs", "campaign_events", "campaign_metrics",
+                                             "campaign_predictions")}
 
 
 def report_rows(led):
@@ -108,8 +108,8 @@ variants:
 
 
 def test_the_example_spec_of_memory_fixes_is_valid():
-    from planner.inputs.campaign_spec import load_campaign
     from planner.cli import example_campaign_path
+    from planner.inputs.campaign_spec import load_campaign
 
     camp = load_campaign(example_campaign_path("memory-fixes.yaml"))
     assert camp.quality_target is not None

@@ -166,8 +166,9 @@ def test_inspect_classifier_prints_class_names():
     assert "target:" in r.output and "mean of" in r.output
 
 
-IMAGE_WORKLOADS = '''"""Image models as a user writes them: a denoiser (image in, image out) and a small image classifier."""
-import zlib
+IMAGE_WORKLOADS = (
+    '"""Image models as a user writes them: a denoiser (image in, image out) and a small image classifier."""\n'
+    '''import zlib
 
 import torch
 import torch.nn as nn
@@ -213,7 +214,7 @@ def denoiser():
 
 def image_classifier():
     return ImageClassifier()
-'''
+''')
 
 
 def test_inspect_knows_an_image_model_has_no_class_or_vocabulary_axis(tmp_path):

@@ -24,7 +24,8 @@ def test_a_stale_claim_is_taken_over_even_when_its_pid_is_alive_now(tmp_path):
 
 
 SPEC = campaign_yaml(
-    name="claims", params={"layers": 1, "d_model": 32, "heads": 2, "vocab": 64}, seq_len=16, effective_batch=4, updates=2,
+    name="claims", params={"layers": 1, "d_model": 32, "heads": 2, "vocab": 64}, seq_len=16, effective_batch=4,
+    updates=2,
     eval={"every_updates": 1, "examples": 4, "seq_len": 16}, precision="fp32", setup_hours=None,
     variants=[{"id": "a", "lr": 0.01}, {"id": "b", "lr": 0.02}])
 

@@ -109,7 +109,8 @@ def test_the_next_variant_starts_after_a_release_when_one_fails(monkeypatch, tmp
     spec.write_text(yaml.safe_dump({
         "name": "c", "workload": f"{WORKLOADS}:raises", "params": TINY, "precision": "fp32", "seq_len": 8,
         "effective_batch": 2, "updates": 2, "eval": {"every_updates": 2, "examples": 2, "seq_len": 8},
-        "setup_hours": 0.1, "variants": [{"id": "a", "lr": 1e-3, "priority": 1}, {"id": "b", "lr": 2e-3, "priority": 2}]}))
+        "setup_hours": 0.1,
+        "variants": [{"id": "a", "lr": 1e-3, "priority": 1}, {"id": "b", "lr": 2e-3, "priority": 2}]}))
     camp = load_campaign(str(spec))
     outcomes = campaign.run_campaign(camp, camp.variants, None, str(tmp_path / "l.db"), str(tmp_path / "runs"),
                                      "cpu", None, "single", say=lambda m: None, echo=lambda m: None)
@@ -233,8 +234,8 @@ def test_each_rank_resumes_its_own_generators(monkeypatch):
 def test_a_grid_files_device_is_the_one_checked(fake_cuda, tmp_path, monkeypatch):
     """`probe --grid grid.yaml` whose file says the device: the check reads it (the command line's --device no longer
     stands in for it with a default of auto)."""
-    from planner.inputs.grid import GridSpec
     from planner.commands.common import spec_from_options
+    from planner.inputs.grid import GridSpec
 
     (tmp_path / "grid.yaml").write_text("device: cuda\nstrategy: ddp\nnproc: 3\nmicro_batch: 1\nseq_len: 8\n")
     with pytest.raises(Exception, match="--nproc 3: this machine has 1 CUDA device"):

@@ -135,8 +135,9 @@ print(json.dumps({{"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1
 def test_an_estimates_census_leaves_every_peak_unchanged(tmp_path, monkeypatch, ref, params, ckpt):
     """The op census rides on an estimate's steady update: every figure of every phase must be what it is with
     a pass-through mode in its place (FlopCounterMode once kept checkpointed recomputations alive)."""
-    import probes.pilot
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    import probes.pilot
 
     def run():
         return pilot_lines(tmp_path, "estimated", ref, params, micro_batch=4, seq_len=512, eval_seq_len=512,

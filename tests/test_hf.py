@@ -12,8 +12,8 @@ from planner.records import PHASES, ProbeConfig
 pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
-from tests.factories import tiny_llama  # noqa: E402
 from probes.pilot import TRAIN_WORKER_PHASES, Pilot  # noqa: E402
+from tests.factories import tiny_llama  # noqa: E402
 
 LORA = "r=8,alpha=16,targets=q_proj+v_proj"
 

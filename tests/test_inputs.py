@@ -4,8 +4,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from planner.inputs.catalog import default_catalog_path
 from planner.cli import cli
+from planner.inputs.catalog import default_catalog_path
 from tests.factories import campaign_yaml, standard_ledger
 
 
@@ -231,7 +231,8 @@ def test_probe_grid_file_builds_the_product_and_refuses_unknown_keys(tmp_path):
     configs = build_grid(spec)
     assert len(configs) == 4 and {c.grad_accum for c in configs} == {4, 2} and spec.params == {"layers": 1}
     bad = write(tmp_path, "b.yaml", "micro_batchh: [1]\n")
-    assert_error(run("probe", "--grid", bad, "--device", "cpu"), "micro_batchh: unknown key (did you mean 'micro_batch'?)")
+    assert_error(run("probe", "--grid", bad, "--device", "cpu"),
+                 "micro_batchh: unknown key (did you mean 'micro_batch'?)")
 
 
 def test_an_unquoted_date_that_is_none_is_named_with_its_line(tmp_path):

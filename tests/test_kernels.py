@@ -10,8 +10,14 @@ pytest.importorskip("torch")
 import torch  # noqa: E402
 
 from planner.records import ProbeConfig  # noqa: E402
-from probes.kernels import (CUDA_FP32, CUDA_FP32_SET_OPT_DTYPE, CUDA_LOWER, CUDA_OTHER, CUDA_PROMOTE,  # noqa: E402
-                            cuda_autocast_policy)
+from probes.kernels import (  # noqa: E402
+    CUDA_FP32,
+    CUDA_FP32_SET_OPT_DTYPE,
+    CUDA_LOWER,
+    CUDA_OTHER,
+    CUDA_PROMOTE,
+    cuda_autocast_policy,
+)
 from probes.pilot import Pilot  # noqa: E402
 
 B, S, D, H, V, FFN = 4, 512, 64, 4, 256, 256

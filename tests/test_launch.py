@@ -13,8 +13,8 @@ import yaml
 from click.testing import CliRunner
 
 from planner.cli import cli
-from tests.factories import campaign_yaml, config, pilot_lines, write_ledger
 from planner.outputs.skypilot import SOURCE_PARTS
+from tests.factories import campaign_yaml, config, pilot_lines, write_ledger
 from tests.launch_sim import ROOT, launch
 
 WORKLOAD = '''"""A user's workload, in a folder .gitignore leaves out of the workdir upload."""

@@ -9,7 +9,6 @@ heavy library (torch, pandas, matplotlib) or for probes/ from a command, never t
 import ast
 from pathlib import Path
 
-
 from planner.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent / "planner"

@@ -6,11 +6,11 @@ import math
 import pytest
 import yaml
 
+from planner.decisions.select import NO_FIT, ddp_need, select
+from planner.errors import CatalogError
 from planner.inputs.campaign_spec import load_campaign_text
 from planner.inputs.catalog import Offer, load_catalog, parse_catalog
-from planner.errors import CatalogError
 from planner.ledger import read_lines
-from planner.decisions.select import NO_FIT, ddp_need, select
 from planner.models.memory_model import Need
 from planner.models.overheads import DDP_BROADCAST_BYTES
 from planner.models.timing import Throughput, comm_time
@@ -166,8 +166,8 @@ def test_catalog_multi_node_offer_must_name_its_network():
 
 
 def test_local_order_is_sized_from_one_process_lines_only(tmp_path):
-    from planner.outputs.orders import local_order
     from planner.decisions.pipeline import make_plan
+    from planner.outputs.orders import local_order
 
     camp = load_campaign_text(campaign_yaml(), "t")
     # a larger configuration than any one-process line, far below their memory: it must not be taken

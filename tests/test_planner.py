@@ -9,14 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.batching import accumulation_for, batch_plan
+from planner.decisions.pipeline import make_plan
+from planner.decisions.plans import Item, objective, pack
+from planner.decisions.select import FITS, NO_FIT, TIGHT, fit_verdict
+from planner.errors import InputError, NoFeasibleGpu
 from planner.inputs.campaign_spec import load_campaign_text
 from planner.inputs.catalog import load_catalog
-from planner.errors import InputError, NoFeasibleGpu
 from planner.ledger import read_lines
 from planner.models.memory_model import Point, fit_phase
-from planner.decisions.plans import Item, objective, pack
-from planner.decisions.pipeline import make_plan
-from planner.decisions.select import FITS, NO_FIT, TIGHT, fit_verdict
 from tests.factories import GiB, MiB, campaign_yaml, standard_ledger
 
 L4_USABLE = int(22.49 * GiB)
@@ -79,7 +79,8 @@ def test_cheapest_offer_equals_brute_force(offers, hours_needed):
     from planner.decisions.plans import plan_windows
 
     camp = load_campaign_text(campaign_yaml(setup_hours=0), "t")
-    sheet = pd.DataFrame([{"offer": f"o{i}", "gpu": "g", "provider": "p", "strategy": "single", "strategy_label": "single", "verdict": FITS,
+    sheet = pd.DataFrame([{"offer": f"o{i}", "gpu": "g", "provider": "p", "strategy": "single",
+                           "strategy_label": "single", "verdict": FITS,
                            "variant_hours_low": h / speed, "variant_hours_high": h / speed,
                            "price_per_hour_usd": price, "billing_minimum_hours": 0.0, "unmodelled": "",
                            "idle_gpus": 0, "software": "cuda"}
@@ -141,10 +142,10 @@ def test_sheet_sized_per_shape_equals_offer_by_offer(tmp_path):
     be what sizing that very offer gives, priced as price × max(campaign hours, its billing minimum)."""
     import math
 
+    from planner.decisions.select import CampaignFamily, family_lines, select, sized_row
     from planner.inputs.campaign_spec import load_campaign_text
     from planner.inputs.catalog import load_catalog
     from planner.ledger import read_lines
-    from planner.decisions.select import CampaignFamily, family_lines, select, sized_row
     from tests.factories import campaign_yaml, standard_ledger
 
     lines = read_lines(standard_ledger(tmp_path / "l.db"))
@@ -204,11 +205,11 @@ def test_a_stated_micro_batch_splits_over_the_replicas_it_fills(tmp_path):
 
 def test_no_complete_run_names_each_runs_reason_and_oom_only_where_there_is_one():
     """#44: 'no complete run' pointed at `ledger show --verdict oom` whatever the reason was."""
+    from dataclasses import replace
+
     from planner.decisions.evidence import why_incomplete
     from planner.ledger import lines_frame
     from tests.factories import config, pilot_lines
-
-    from dataclasses import replace
 
     oom = [replace(ln, verdict="oom") if ln.phase == "first_step" else ln
            for ln in pilot_lines(config(micro_batch=8), 100 * MiB)]

@@ -8,7 +8,7 @@ from planner.records import ProbeConfig
 from tests.conftest import TINY
 
 torch = pytest.importorskip("torch")
-from probes.pilot import Pilot, TRAIN_WORKER_PHASES  # noqa: E402
+from probes.pilot import TRAIN_WORKER_PHASES, Pilot  # noqa: E402
 
 
 def run_pilot(tmp_path, phases=TRAIN_WORKER_PHASES, **cfg_kw):

@@ -17,9 +17,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 bnb = pytest.importorskip("bitsandbytes")
 from probes.memory import LiveTensorTracker  # noqa: E402
-from tests.factories import tiny_llama  # noqa: E402
 from probes.pilot import Pilot  # noqa: E402
 from probes.quantize import _fake_layer, _real_layer, quantized_bytes  # noqa: E402
+from tests.factories import tiny_llama  # noqa: E402
 
 LORA = "r=8,alpha=16,targets=q_proj+v_proj"
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from planner.decisions.pipeline import make_plan
 from planner.inputs.campaign_spec import load_campaign_text
 from planner.inputs.catalog import load_catalog
 from planner.ledger import Ledger, read_lines
 from planner.outputs.orders import local_order
-from planner.decisions.pipeline import make_plan
 from planner.records import LINE_FIELDS, Line, ProbeConfig
 from tests.conftest import WORKLOADS
 from tests.factories import campaign_yaml, config, pilot_lines
@@ -89,7 +89,7 @@ def test_checkpointing_never_raises_the_first_step_peak_of_a_conv_model(tmp_path
         cfg = ProbeConfig(workload=f"{WORKLOADS}:conv_audio", micro_batch=8, seq_len=8000, eval_seq_len=8000,
                           eval_micro_batch=8, checkpointing=ckpt)
         lines = {}
-        Pilot(cfg, str(tmp_path), lambda k, x: lines.__setitem__(x["phase"], x) if k == "line" else None,
+        Pilot(cfg, str(tmp_path), lambda k, x, lines=lines: lines.__setitem__(x["phase"], x) if k == "line" else None,
               f"r-{ckpt}", "p").run(TRAIN_WORKER_PHASES)
         assert all(ln["verdict"] == "ok" for ln in lines.values()), lines
         peaks[ckpt] = {ph: ln["peak_allocated_bytes"] for ph, ln in lines.items()}

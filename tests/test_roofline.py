@@ -78,8 +78,8 @@ def estimated(tmp_path_factory):
 
 @pytest.mark.slow
 def test_fp32_on_an_h100_is_planned_slower_than_bf16_by_about_their_peaks(estimated):
-    from planner.ledger import read_lines
     from planner.decisions.pipeline import make_plan
+    from planner.ledger import read_lines
     from tests.test_recommendations import campaign
 
     lines = read_lines(estimated)
@@ -96,8 +96,8 @@ def test_fp32_on_an_h100_is_planned_slower_than_bf16_by_about_their_peaks(estima
 
 
 def test_estimated_lines_carry_simulated_reserved_and_the_need_says_so(estimated):
-    from planner.ledger import read_lines
     from planner.decisions.pipeline import make_plan
+    from planner.ledger import read_lines
     from tests.test_recommendations import campaign
 
     lines = read_lines(estimated)
@@ -109,7 +109,8 @@ def test_estimated_lines_carry_simulated_reserved_and_the_need_says_so(estimated
     assert "simulated by a model of CUDA's caching allocator" in row["need_basis"]
     assert "sm80+ kernels" in row["need_basis"]
     assert "estimated for the target's kernels" in row["evidence"]
-    assert "BLAS workspaces 66 MiB" in row["context_basis"]  # sm90, two threads: 2 × cuBLAS 32 MiB + 2 × cuBLASLt 1 MiB in one 2 MiB segment
+    # sm90, two threads: 2 × cuBLAS 32 MiB + 2 × cuBLASLt 1 MiB in one 2 MiB segment
+    assert "BLAS workspaces 66 MiB" in row["context_basis"]
 
 
 def test_fp32_convolutions_run_on_tf32_as_cudnn_does_by_default():

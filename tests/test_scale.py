@@ -1,5 +1,5 @@
-"""Large catalogs (issue 28): the sheet keeps the cheapest offer per market (provider, instance, GPU, count, nodes, region,
-spot) and `--all-offers` writes the rest; a catalog written as JSON reads through the json module with the YAML
+"""Large catalogs (issue 28): the sheet keeps the cheapest offer per market (provider, instance, GPU, count, nodes,
+region, spot) and `--all-offers` writes the rest; a catalog written as JSON reads through the json module with the YAML
 loader's refusals; a '*' or '&' inside a value does not cost a full alias scan. Speed and memory are measured side
 by side by benchmarks/plan_speed.py, not timed here."""
 
@@ -30,7 +30,8 @@ def grown_catalog(path, copies: int = 3, as_json: bool = False):
         for region in REGIONS:
             for k in range(copies):
                 offers.append({**copy.deepcopy(o), "id": f"{o['id']}-{region}-{k}", "note": f"region {region}",
-                               "price_per_instance_hour_usd": round(o["price_per_instance_hour_usd"] * (1 + k / 10), 4)})
+                               "price_per_instance_hour_usd":
+                                   round(o["price_per_instance_hour_usd"] * (1 + k / 10), 4)})
     cat["offers"] = offers
     path.write_text(json.dumps(cat) if as_json else yaml.safe_dump(cat, sort_keys=False))
     markets = {(o["provider"], o.get("instance"), o["gpu"], o["gpus_per_instance"], o.get("nodes", 1), o["note"],

@@ -208,8 +208,9 @@ def test_a_single_process_script_is_never_ordered_as_ddp(tmp_path, monkeypatch):
     assert "Traceback" not in r.output and not (tmp_path / "o2").exists()
 
 
-EVAL_THEN_SAVE = '''"""The loop as people write it: evaluate, checkpoint, and switch back to training at the next step."""
-import torch
+EVAL_THEN_SAVE = (
+    '"""The loop as people write it: evaluate, checkpoint, and switch back to training at the next step."""\n'
+    '''import torch
 import torch.nn.functional as F
 
 torch.manual_seed(0)
@@ -227,7 +228,7 @@ for step in range(8):
         with torch.no_grad():
             F.cross_entropy(model(val[:, :-1]).reshape(-1, 128), val[:, 1:].reshape(-1))
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, "ckpt.pt")
-'''
+''')
 
 
 @pytest.mark.slow
@@ -247,7 +248,8 @@ def test_eval_then_save_then_train_at_the_next_step_keeps_both_phases(tmp_path, 
     assert by.loc["save", "checkpoint_bytes"] == os.path.getsize(tmp_path / "ckpt.pt")
     # eval, then save, then train: the save is not inside eval's time, and eval's peak holds its own pass
     assert by.loc["eval", "peak_allocated_bytes"] >= by.loc["eval", "baseline_allocated_bytes"] + 8 * 24 * 128 * 4
-    (tmp_path / "c.yaml").write_text(SPEC.replace("script:train", "script:eval-save").replace("seq_len: 32", "seq_len: 16")
+    (tmp_path / "c.yaml").write_text(SPEC.replace("script:train", "script:eval-save")
+                                     .replace("seq_len: 32", "seq_len: 16")
                                      .replace("seq_len: 48", "seq_len: 24"))
     r = CliRunner().invoke(cli, ["plan", "--campaign", "c.yaml", "--ledger", "l.db", "--format", "json"])
     assert r.exit_code == 0, r.output

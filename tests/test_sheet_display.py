@@ -2,10 +2,10 @@
 
 import pytest
 
+from planner.decisions.pipeline import make_plan
 from planner.inputs.campaign_spec import load_campaign_text
 from planner.inputs.catalog import load_catalog
 from planner.ledger import read_lines
-from planner.decisions.pipeline import make_plan
 from planner.outputs.render import sheet_rows
 from planner.units import fmt_hours, fmt_usd
 from tests.factories import MiB, campaign_yaml, config, pilot_lines, write_ledger

@@ -71,7 +71,8 @@ def test_a_cap_below_the_weights_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model = ["-p", "layers=2", "-p", "d_model=256", "-p", "heads=4", "-p", "vocab=4096", "--seq-len", "64"]
     r = CliRunner().invoke(cli, ["probe", "--cap", "2MiB", "--micro-batch", "1", "--ledger", "l.db", *model])
-    assert r.exit_code == 1 and "the cap is below the model's own weights" in r.output and "rentplan estimate" in r.output
+    assert (r.exit_code == 1 and "the cap is below the model's own weights" in r.output
+            and "rentplan estimate" in r.output)
     r = CliRunner().invoke(cli, ["probe", "--find", "max-micro-batch", "--cap", "2MiB", "--ledger", "f.db", *model])
     assert r.exit_code == 1 and "(micro-batch 1 ended oom)" in r.output and "(1, 'oom')" not in r.output
 

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
+from planner.decisions.select import choose_precision
 from planner.inputs.campaign_spec import load_campaign_text
 from planner.inputs.catalog import load_catalog
 from planner.inputs.grid import GridSpec, build_grid
 from planner.records import ProbeConfig
-from planner.decisions.select import choose_precision
 from tests.factories import campaign_yaml
 
 torch = pytest.importorskip("torch")
@@ -66,7 +66,8 @@ def test_estimate_matches_the_measurement_on_this_cpu(kw):
 
 def test_lightning_precision_names_are_accepted_and_recorded_as_rentplan_names():
     camp = load_campaign_text(campaign_yaml(precision="bf16-mixed", variants=[
-        {"id": "control", "lr": 1e-4, "priority": 1}, {"id": "pure", "lr": 1e-4, "priority": 2, "precision": "bf16-true"},
+        {"id": "control", "lr": 1e-4, "priority": 1},
+        {"id": "pure", "lr": 1e-4, "priority": 2, "precision": "bf16-true"},
         {"id": "full", "lr": 1e-4, "priority": 2, "precision": "32-true"}]), "c.yaml")
     assert camp.precision == "bf16"
     assert [camp.setting(v, "precision") for v in camp.variants] == ["bf16", "bf16-true", "fp32"]

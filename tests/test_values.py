@@ -129,7 +129,8 @@ def test_a_campaign_on_a_foreign_sqlite_file_makes_no_run_folder(tmp_path, monke
 
 @pytest.mark.parametrize("mutate, says", [
     (gpu("compute_capability", "٨.٩"), "must be a compute capability like '8.0'"),
-    (gpu("memory_gib_usable", "２４"), "gpus[0].memory_gib_usable: '２４' is written with digits other than 0-9: write it as 24"),
+    (gpu("memory_gib_usable", "２４"),
+     "gpus[0].memory_gib_usable: '２４' is written with digits other than 0-9: write it as 24"),
     (lambda d: d.__setitem__("schema", "rentplan-catalog/2"), "schema: must be 'rentplan-catalog/1'"),
 ])
 def test_look_alike_digits_and_unknown_formats_are_refused(tmp_path, mutate, says):

@@ -6,14 +6,11 @@ from pathlib import Path
 
 import click
 
+from planner.commands.common import format_option, friendly_errors, ledger_option, progress, resolve_device
 from planner.errors import InputError
-from planner.inputs.grid import (parse_list)
+from planner.inputs.grid import parse_list
 from planner.ledger import Ledger
 from planner.outputs.tables import for_machines, render
-
-from planner.commands.common import (format_option, friendly_errors, ledger_option,
-                                      progress, resolve_device)
-
 
 # ---------------------------------------------------------------- campaign
 
@@ -151,10 +148,9 @@ def campaign_finish(run_id, ledger_path, out):
     """Reload the exported artifact in a fresh process and rerun the control inputs recorded at export.
 
     Example: rentplan campaign finish c-1a2b3c4d5e"""
+    from planner.tools.archive import campaign_run_row, recorded_sha256_lookup, sha256
     from probes.campaign import finish_check
     from probes.runner import call_in_worker
-
-    from planner.tools.archive import campaign_run_row, recorded_sha256_lookup, sha256
 
     run = campaign_run_row(ledger_path, run_id)
     run_dir = Path(out) / run_id
@@ -230,5 +226,6 @@ def note(text, run_id, ledger_path):
             raise InputError(f"no run {run_id} in {ledger_path}: `rentplan campaign report` lists campaign runs, "
                              "`rentplan ledger show` the probes' runs.")
     with Ledger(ledger_path) as led:
-        led.add("notes", {"run_id": run_id, "text": text, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        led.add("notes", {"run_id": run_id, "text": text,
+                          "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     click.echo("noted")

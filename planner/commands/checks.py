@@ -7,13 +7,11 @@ from pathlib import Path
 
 import click
 
+from planner.commands.common import format_option, friendly_errors, progress, workload_options
 from planner.errors import InputError
-from planner.inputs.grid import (parse_params)
+from planner.inputs.grid import parse_params
 from planner.outputs.tables import render
-
-from planner.commands.common import (format_option, friendly_errors, progress, workload_options)
 from planner.tools.splits import check_splits, parse_ratios, read_table, split_frame, write_table
-
 
 # ---------------------------------------------------------------- checks
 
@@ -73,7 +71,8 @@ def overfit(workload, params, examples, updates, lr, seq_len, max_ratio):
     This checks the mechanism, not generalisation.
 
     Example: rentplan overfit -w builtin:gpt --examples 8 --updates 100"""
-    from probes.checks import overfit as run_overfit, sparkline
+    from probes.checks import overfit as run_overfit
+    from probes.checks import sparkline
 
     rep = run_overfit(workload, parse_params(list(params)), examples, updates, lr, seq_len, max_ratio)
     if rep.losses:

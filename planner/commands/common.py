@@ -10,11 +10,10 @@ import sys
 import click
 
 from planner.errors import RentplanError
-from planner.optimizers import optimizer_help
-from planner.storage import WriteError
 from planner.inputs.grid import GridSpec
+from planner.optimizers import optimizer_help
 from planner.outputs.tables import FORMATS
-
+from planner.storage import WriteError
 
 
 def resolve_device(device: str, ranks: int = 1) -> str:
@@ -92,7 +91,8 @@ def grid_options(fn):
         click.option("--seq-len", default=None, help="comma list, e.g. 256,512"),
         click.option("--eval-seq-len", default=None, help="comma list; default: each seq-len"),
         click.option("--eval-micro-batch", default=None, type=int, help="default: the micro-batch"),
-        click.option("--precision", default=None, help="comma list of fp32 (32-true), bf16 (bf16-mixed), fp16 (16-mixed), bf16-true, 16-true"),
+        click.option("--precision", default=None,
+                     help="comma list of fp32 (32-true), bf16 (bf16-mixed), fp16 (16-mixed), bf16-true, 16-true"),
         click.option("--checkpointing", default=None, help="comma list of off,on"),
         click.option("--optimizer", default=None, help=optimizer_help()),
         click.option("--grad-accum", default=None, help="comma list"),

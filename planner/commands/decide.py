@@ -189,7 +189,8 @@ def batch(micro_batch, grad_accum, replicas, examples, seq_len, drop_last, compa
         df = compare_settings(micro_batch, grad_accum, replicas, compare, hold, examples, updates, seq_len, drop_last)
         click.echo(render(df, fmt))
         if not for_machines(fmt):
-            click.echo(df.attrs["summary"] + ". Data replicas multiply examples per update; model parallelism does not.")
+            click.echo(df.attrs["summary"]
+                       + ". Data replicas multiply examples per update; model parallelism does not.")
         return
     bp = batch_plan(micro_batch, grad_accum, replicas, examples, seq_len, drop_last)
     rows = [{"quantity": k, "value": v} for k, v in bp.to_dict().items() if v not in (None, "")]

@@ -9,17 +9,14 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from planner.commands.common import catalog_path_option, format_option, friendly_errors, ledger_option, progress
 from planner.errors import InputError
-from planner.ledger import export_frame, read_lines
-from planner.outputs.tables import lines_view, render
-
-from planner.commands.common import (catalog_path_option, format_option, friendly_errors, ledger_option,
-                                      progress)
 from planner.inputs.catalog import default_catalog_path, load_catalog, merged_catalog_text, parse_catalog
 from planner.inputs.sources import SOURCES
 from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, load_yaml_file, load_yaml_text
+from planner.ledger import export_frame, read_lines
+from planner.outputs.tables import lines_view, render
 from planner.storage import atomic_write
-
 
 # ---------------------------------------------------------------- ledger
 
@@ -187,7 +184,8 @@ def catalog_import(path, source, skypilot_csv, provider, as_of, catalog_path, ou
         text, note = merged_catalog_text(src.read_text(encoding="utf-8"), offers, str(src))
     if note:
         progress(f"note: {note}")
-    parse_catalog(load_yaml_text(text, str(out_path), MAX_CATALOG_BYTES), str(out_path))  # the merged catalog validates first ...
+    # the merged catalog validates first ...
+    parse_catalog(load_yaml_text(text, str(out_path), MAX_CATALOG_BYTES), str(out_path))
     try:
         atomic_write(Path(out_path), text)  # ... then replaces the file in one step
     except OSError as e:

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.inputs.campaign_spec import Campaign
 from planner.catalog_records import Catalog
-from planner.errors import InputError
 from planner.decisions.plans import budget_review, mark_ordered, ordered, plan_windows, recommend
 from planner.decisions.select import CampaignFamily, best_per_market, family_lines, require_feasible, select
+from planner.errors import InputError
+from planner.inputs.campaign_spec import Campaign
 
 
 @dataclass

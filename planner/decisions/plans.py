@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.inputs.campaign_spec import Campaign
 from planner.decisions.select import NO_FIT, preference
 from planner.errors import InputError
+from planner.inputs.campaign_spec import Campaign
 from planner.units import fmt_bytes, fmt_usd
 
 EPS = 1e-9

@@ -12,22 +12,38 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from planner.inputs.campaign_spec import Campaign
 from planner.catalog_records import Catalog, Gpu, Offer
-from planner.errors import LedgerError, NoFeasibleGpu
 from planner.decisions.evidence import Evidence, choose, kernel_bases, run_facts, why_incomplete
 from planner.decisions.selfcheck import estimate_check
 from planner.decisions.shapes import agreeing_shape, input_kind
+from planner.errors import LedgerError, NoFeasibleGpu
+from planner.inputs.campaign_spec import Campaign
 from planner.models.kernels import kernel_target
-from planner.models.memory_model import (SEQ_LIMIT, MemoryModel, Need, allocated_factor, build_model, max_micro_batch,
-                                         max_seq_len)
-from planner.models.overheads import (CONV_ALLOWANCE, DDP_BROADCAST_BYTES, ESTIMATE_ALLOWANCE, NCCL_BYTES, MiB,
-                                      conv_note, estimate_note, has_convolutions, workspace_bytes)
+from planner.models.memory_model import (
+    SEQ_LIMIT,
+    MemoryModel,
+    Need,
+    allocated_factor,
+    build_model,
+    max_micro_batch,
+    max_seq_len,
+)
+from planner.models.overheads import (
+    CONV_ALLOWANCE,
+    DDP_BROADCAST_BYTES,
+    ESTIMATE_ALLOWANCE,
+    NCCL_BYTES,
+    MiB,
+    conv_note,
+    estimate_note,
+    has_convolutions,
+    workspace_bytes,
+)
 from planner.models.overheads import describe as describe_workspace
 from planner.models.timing import Throughput, TimeRange, match_catalog_gpu, throughput, update_time
+from planner.models.writes import write_time
 from planner.shapes import size_text
 from planner.units import fmt_bytes, fmt_seconds
-from planner.models.writes import write_time
 
 FITS, TIGHT, NO_FIT = "fits", "tight", "does not fit"
 
@@ -157,8 +173,8 @@ class CampaignFamily:
                         model.widen *= 1 + fraction
                         model.widen_note = "; ".join(x for x in (model.widen_note, why) if x)
             note = "; ".join(notes)
-            self._cache[key] = None if model is None or ev is None else FamilyModels(precision, model, throughput(ev), ev,
-                                                                       note=note)
+            self._cache[key] = (None if model is None or ev is None
+                                else FamilyModels(precision, model, throughput(ev), ev, note=note))
         return self._cache[key]
 
     def get(self, precision: str, target: str | None = None, kind: str | None = None) -> FamilyModels | None:
@@ -170,7 +186,8 @@ class CampaignFamily:
         twin_fam = self.exact(twin, target, kind=kind) if twin else None
         if fam is not None and (twin_fam is None or fam.evidence.rank <= twin_fam.evidence.rank):
             return fam
-        others = ([twin] if twin else []) + sorted(p for p in set(self.facts["precision"]) if p not in (precision, twin))
+        others = ([twin] if twin else []) + sorted(p for p in set(self.facts["precision"])
+                                                   if p not in (precision, twin))
         for other in others:
             f = self.exact(other, target, kind=kind)
             if f is not None:
@@ -299,7 +316,8 @@ def priced_sheet(offers: list[Offer], catalog: Catalog, size) -> pd.DataFrame:
             sized[key] = size(o)
     prices = pd.DataFrame({
         "offer": [o.id for o in offers], "gpu": [o.gpu for o in offers], "provider": [o.provider for o in offers],
-        "instance": [o.instance for o in offers], "region": [o.region for o in offers], "spot": [o.spot for o in offers],
+        "instance": [o.instance for o in offers], "region": [o.region for o in offers],
+        "spot": [o.spot for o in offers],
         "price_per_instance_hour_usd": [o.price_per_instance_hour_usd for o in offers],
         "price_per_hour_usd": [o.price_per_hour_usd for o in offers],
         "price_per_gpu_hour_usd": [round(o.price_per_gpu_hour_usd, 4) for o in offers],
@@ -355,7 +373,8 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
     notes = [n for n in (too_long, fam.note, why, *plan["notes"]) if n]
     row = {
         "gpu": gpu.id, "gpus_per_instance": offer.gpus_per_instance, "nodes": offer.nodes,
-        "network": offer.network, "usable_bytes": gpu.usable_bytes, "need_bytes": int(need.bytes), "need_phase": need.phase,
+        "network": offer.network, "usable_bytes": gpu.usable_bytes, "need_bytes": int(need.bytes),
+        "need_phase": need.phase,
         "need_basis": need.basis, "need_extrapolated": need.extrapolated, "context_bytes": ctx,
         "context_basis": context_basis(catalog, fam, gpu, replicas),
         "workspace_bytes": workspaces,  # the part of the context a CUDA reserved peak counts (verify compares it)
@@ -370,7 +389,8 @@ def sized_row(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer, fams
         "precision": precision, "micro_batch": mb, "grad_accum": accum, "replicas": replicas,
         "examples_per_update": mb * accum * replicas, "eval_micro_batch": campaign.eval.micro_batch or mb,
         "seq_len": seq, "input_kind": fams.kind,  # input_kind: planner/shapes.py ('' where the lines do not say)
-        "strategy": plan["kind"], "strategy_label": plan["label"], "strategy_why": plan["why"], "verdict": plan["verdict"],
+        "strategy": plan["kind"], "strategy_label": plan["label"], "strategy_why": plan["why"],
+        "verdict": plan["verdict"],
         "idle_gpus": offer.gpus_per_instance * offer.nodes - replicas,
         "needs_ddp_loop": bool(plan.get("needs_ddp_loop")),
         "evidence": fam.evidence.describe(), "run_ids": ", ".join(fam.evidence.run_ids),
@@ -472,7 +492,8 @@ def choose_strategy(campaign: Campaign, catalog: Catalog, gpu: Gpu, offer: Offer
                     "why": f"DDP × {replicas}: a replica fits one GPU{faster}, all-reduce included (estimated)"}
         return {**one, "kind": "single", "label": "single",
                 "why": f"single GPU: DDP × {replicas} would not be faster ({fmt_seconds(tn.high_s)} vs "
-                       f"{fmt_seconds(t1.high_s)} per update, slow end, estimated: the all-reduce outweighs the split); "
+                       f"{fmt_seconds(t1.high_s)} per update, slow end, estimated: the all-reduce outweighs the "
+                       "split); "
                        f"{gpus - 1} of {gpus} GPUs would idle"}
     if ddp["verdict"] != NO_FIT:  # the effective batch cannot be split: one replica
         return {**ddp, "kind": "single", "label": "single", "why": "single GPU: the effective batch does not split"}
@@ -588,7 +609,8 @@ def variant_hours(campaign: Campaign, update_lo: float, update_hi: float, eval_l
     """Every billed hour of a variant, by kind (training, evaluation passes, checkpoint saves, the export), and
     the campaign's (setup once, then every variant)."""
     passes, saves = campaign.eval.passes(campaign.updates), campaign.saves()
-    out = {"train_hours_low": campaign.updates * update_lo / 3600, "train_hours_high": campaign.updates * update_hi / 3600,
+    out = {"train_hours_low": campaign.updates * update_lo / 3600,
+           "train_hours_high": campaign.updates * update_hi / 3600,
            "eval_hours_low": passes * eval_lo / 3600, "eval_hours_high": passes * eval_hi / 3600,
            "saves_per_variant": saves, "save_hours": saves * (save_s or 0.0) / 3600,
            "export_hours": (export_s or 0.0) / 3600}
@@ -602,7 +624,8 @@ def variant_hours(campaign: Campaign, update_lo: float, update_hi: float, eval_l
 
 def model_state_bytes(fam: FamilyModels, fragmentation: float) -> float:
     """Parameters + gradients + optimizer state, from the pilot's own accounting (allocated bytes)."""
-    params, state = (pd.to_numeric(fam.facts[c], errors="coerce").max() for c in ("param_bytes", "optimizer_state_bytes"))
+    params, state = (pd.to_numeric(fam.facts[c], errors="coerce").max()
+                     for c in ("param_bytes", "optimizer_state_bytes"))
     return (sum(float(x) for x in (params, state) if pd.notna(x)) * _reserved_factor(fam, fragmentation)
             + gradient_bytes(fam, fragmentation))
 
@@ -643,9 +666,9 @@ def fsdp_plan(campaign, fam: FamilyModels, ctx: float, usable: float, headroom: 
 
 
 TIME_COLUMNS = ("update_s_low", "update_s_point", "update_s_high", "eval_pass_s_low", "eval_pass_s_high", "save_s",
-                "save_basis", "eval_basis", "export_s", "export_basis", "time_basis", "train_hours_low", "train_hours_high",
-                "eval_hours_low", "eval_hours_high", "saves_per_variant", "save_hours", "export_hours",
-                "variant_hours_low", "variant_hours_high", "campaign_hours_low", "campaign_hours_high")
+                "save_basis", "eval_basis", "export_s", "export_basis", "time_basis", "train_hours_low",
+                "train_hours_high", "eval_hours_low", "eval_hours_high", "saves_per_variant", "save_hours",
+                "export_hours", "variant_hours_low", "variant_hours_high", "campaign_hours_low", "campaign_hours_high")
 
 
 def time_fields(campaign, catalog, gpu, offer, fam: FamilyModels, precision, mb, seq, accum, replicas,

@@ -7,11 +7,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from planner.errors import CampaignError, InputError
-from planner.optimizers import OPTIMIZERS
-from planner.records import PRECISIONS
+from planner.inputs.grid import param_value
 from planner.inputs.schema import spec_models, validate
 from planner.inputs.yamlsafe import Problems, load_yaml_file, load_yaml_text
-from planner.inputs.grid import param_value
+from planner.optimizers import OPTIMIZERS
+from planner.records import PRECISIONS
 
 # What a variant may change: how the same question is computed (learning rate, and the memory fixes: a smaller
 # micro-batch with more accumulation, activation checkpointing, mixed precision), and its seed. Anything else

@@ -10,11 +10,16 @@ from pathlib import Path
 
 from planner import PACKAGE_DIR
 from planner.catalog_records import (  # noqa: F401  (re-exported)
-    DISK_WRITE_MIB_S, Catalog, Gpu, Offer, normalize_gpu_name)
+    DISK_WRITE_MIB_S,
+    Catalog,
+    Gpu,
+    Offer,
+    normalize_gpu_name,
+)
 from planner.errors import CatalogError, InputError
-from planner.units import GiB
 from planner.inputs.schema import Defaults, GpuEntry, OfferEntry, validate
 from planner.inputs.yamlsafe import MAX_CATALOG_BYTES, Problems, load_yaml_file, load_yaml_text
+from planner.units import GiB
 
 TOP_KEYS = {"schema", "defaults", "sources", "gpus", "offers"}
 SCHEMA = "rentplan-catalog/1"
@@ -112,7 +117,8 @@ def _offer_rules(p: Problems, path: str, e, gpu_ids: set) -> bool:
 
 def merged_catalog_text(text: str, offers: list[dict], source: str) -> tuple[str, str]:
     """The catalog with the imported offers appended, and a note for the user. Appended as text where `offers:` is
-    the last key (its comments are kept), else the whole document written out again (comments lost: the note says so)."""
+    the last key (its comments are kept), else the whole document written out again (comments lost: the note says
+    so)."""
     import yaml
 
     data = load_yaml_text(text, source, MAX_CATALOG_BYTES)

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
-import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import yaml
 
 from planner.errors import InputError
-from planner.models.kernels import TARGETS, kernel_target
-from planner.optimizers import OPTIMIZERS
-from planner.records import canonical_precision, PRECISIONS, ProbeConfig
-from planner.units import parse_size
+from planner.inputs.catalog import load_catalog
 from planner.inputs.schema import GridEntry, validate
 from planner.inputs.yamlsafe import Problems, load_yaml_file
-from planner.inputs.catalog import load_catalog
+from planner.models.kernels import TARGETS, kernel_target
+from planner.optimizers import OPTIMIZERS
+from planner.records import PRECISIONS, ProbeConfig, canonical_precision
+from planner.units import parse_size
 
 ON = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
 

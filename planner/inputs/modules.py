@@ -23,8 +23,9 @@ def local_modules(source: str | Path) -> list[Path]:
         finder.run_script(str(src))
     except (SyntaxError, ImportError, OSError, ValueError):
         return [src]  # unreadable as Python: the file itself is what there is
+    # rentplan's own code is not the user's
     found = {Path(file).resolve() for name, m in finder.modules.items()
-             if (file := getattr(m, "__file__", None)) and name.split(".")[0] not in OWN_PACKAGES}  # rentplan's own code is not the user's
+             if (file := getattr(m, "__file__", None)) and name.split(".")[0] not in OWN_PACKAGES}
     found = {p for p in found if p.suffix == ".py" and p.is_relative_to(folder) and not _installed(str(p))}
     return [src] + sorted(found - {src})
 

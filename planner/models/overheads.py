@@ -27,8 +27,8 @@ peak already holds its own GPU's workspaces: a target with larger ones adds the 
 from __future__ import annotations
 
 import json
-from planner.models.allocator import replay
 
+from planner.models.allocator import replay
 
 MiB = 1 << 20
 CUBLAS_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8

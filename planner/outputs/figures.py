@@ -136,7 +136,8 @@ def choose_memory(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
     """Peaks per phase for the planned shape first (the probed configuration nearest the ordered micro-batch and
     seq_len), then the largest others; usable memory of candidate GPUs as labelled lines. Pure: memory_figure
     draws it."""
-    ok = lines[(lines["verdict"] == "ok") & (lines["rank"] == 0)] if "rank" in lines else lines[lines["verdict"] == "ok"]
+    ok = (lines[(lines["verdict"] == "ok") & (lines["rank"] == 0)] if "rank" in lines
+          else lines[lines["verdict"] == "ok"])
     pick = "ordered" if "ordered" in sheet and sheet["ordered"].any() else "recommended"
     kind = input_kind_of(sheet)  # an image's size is positions, not a sequence
     rec = sheet[sheet[pick]].iloc[0] if pick in sheet and sheet[pick].any() else sheet.iloc[0]
@@ -165,7 +166,8 @@ def choose_memory(lines: pd.DataFrame, sheet: pd.DataFrame, max_configs: int = 3
     caption = (f"Peak memory per phase, allocated and reserved side by side (never added); the first panel is the "
                f"probed configuration nearest the planned shape (probed micro-batch {int(first['micro_batch'])} × "
                f"{size_text(kind, int(first['seq_len']))}; the order runs micro-batch {int(rec['micro_batch'])} × "
-               f"{size_text(kind, int(rec['seq_len']))} on {rec['gpu']}), the others the largest probed. Per candidate GPU (the "
+               f"{size_text(kind, int(rec['seq_len']))} on {rec['gpu']}), the others the largest probed. "
+               f"Per candidate GPU (the "
                f"ordered one in black): the dotted line is its usable memory, the solid line the most a phase may need "
                f"and fit by the rule (usable ÷ (1 + {headroom:.0%} headroom) − CUDA context and workspaces).{sim} "
                f"Basis: {_basis(ok)}.{why}")
@@ -292,7 +294,8 @@ def max_mb_figure(sheet: pd.DataFrame):
     ax.set_xlabel("largest micro-batch that fits (log scale)")
     fig.tight_layout()
     seq = int(sheet["seq_len"].iloc[0]) if len(sheet) else 0
-    caption = (f"Largest micro-batch per GPU at {size_text(input_kind_of(sheet), seq)}, from the fitted memory model with the headroom, "
+    caption = (f"Largest micro-batch per GPU at {size_text(input_kind_of(sheet), seq)}, from the fitted memory model "
+               f"with the headroom, "
                f"CUDA context and workspaces; hatched bars are extrapolated beyond the probed sizes; a bar at the "
                f"search limit means at least that many. "
                + ("Kernel basis in brackets: each GPU sized from the lines of the kernels it dispatches"
@@ -519,7 +522,8 @@ def timeline_figure(sheet: pd.DataFrame, plans: pd.DataFrame):
         ax.set_title(f"{int(p['days'])} days · ★ {p['offer']} · {len(ids)} variant(s)"
                      + (f", left out: {out}" if out else "") + f" · idle {_hours(float(p['idle_hours']))}",
                      fontsize=FONT - 1, loc="left")
-    handles = [Patch(color=SETUP_COLOR, label="setup (once)")] + [Patch(color=c, label=n) for n, _, c in TIMELINE_PARTS] \
+    handles = [Patch(color=SETUP_COLOR, label="setup (once)")] \
+        + [Patch(color=c, label=n) for n, _, c in TIMELINE_PARTS] \
         + [Patch(facecolor=IDLE_COLOR, edgecolor="#bbbbbb", hatch="//", label="idle")]
     fig.legend(handles=handles, loc="lower center", ncol=6, frameon=False, fontsize=FONT - 2)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
@@ -543,8 +547,8 @@ def order_sheet_figures(lines: pd.DataFrame, sheet: pd.DataFrame, plans: pd.Data
                         headroom: float = 0.10, setup_hours: float = 0.0) -> list[dict]:
     if not available():
         return []
-    figs = [decision_picture(sheet, plans, setup_hours), plans_timeline(sheet, plans), memory_per_phase(lines, sheet, headroom),
-            cost_per_window(plans), max_micro_batch(sheet)]
+    figs = [decision_picture(sheet, plans, setup_hours), plans_timeline(sheet, plans),
+            memory_per_phase(lines, sheet, headroom), cost_per_window(plans), max_micro_batch(sheet)]
     return [f for f in figs if f]
 
 

@@ -15,13 +15,13 @@ from typing import Mapping
 import pandas as pd
 
 from planner.batching import largest_micro_batch
+from planner.decisions.plans import ordered, recommend
 from planner.errors import InputError, LedgerError
-from planner.optimizers import OPTIMIZERS, optimizer_extra
-from planner.records import PRECISIONS
-from planner.models.memory_model import max_micro_batch
 from planner.inputs.schema import order_models, validate
 from planner.inputs.yamlsafe import Problems, no_duplicate_keys
-from planner.decisions.plans import ordered, recommend
+from planner.models.memory_model import max_micro_batch
+from planner.optimizers import OPTIMIZERS, optimizer_extra
+from planner.records import PRECISIONS
 
 FORMAT = "rentplan-order/1"
 DEVICE_KINDS = ("cuda", "rocm", "cpu")

@@ -17,19 +17,19 @@ import jinja2
 import pandas as pd
 
 from planner import PACKAGE_DIR, __version__
-from planner.inputs.campaign_spec import KEPT_CHECKPOINTS, Campaign
 from planner.catalog_records import Catalog
-from planner.outputs.orders import provenance, stack_for
 from planner.decisions.plans import nothing_to_order, ordered, recommend, window_notes
 from planner.decisions.select import NO_FIT
 from planner.decisions.shapes import input_kind_of
+from planner.inputs.campaign_spec import KEPT_CHECKPOINTS, Campaign
+from planner.models.memory_model import MB_LIMIT, SEQ_LIMIT
+from planner.outputs.figures import available, order_sheet_figures
+from planner.outputs.launch import SPEC_NAME, Unmountable, launch_files
+from planner.outputs.orders import provenance, stack_for
+from planner.outputs.skypilot import order_task
 from planner.shapes import dimension_words, size_text
 from planner.storage import made_or_nothing, write_all
 from planner.units import fmt_bytes, fmt_hours, fmt_seconds, fmt_usd
-from planner.models.memory_model import SEQ_LIMIT, MB_LIMIT
-from planner.outputs.figures import available, order_sheet_figures
-from planner.outputs.launch import SPEC_NAME, Unmountable, launch_files
-from planner.outputs.skypilot import order_task
 
 _ENV: jinja2.Environment | None = None
 
@@ -228,7 +228,8 @@ def hours_by_kind(r) -> str:
     export = fmt_seconds(r["export_s"]) if pd.notna(r.get("export_s")) else "not sized"
     eval_basis = f" ({r['eval_basis']})" if isinstance(r.get("eval_basis"), str) else ""
     return (f"training {_range(_h2s(r['train_hours_low']), _h2s(r['train_hours_high']), fmt_seconds)}; evaluation "
-            f"{_range(_h2s(r['eval_hours_low']), _h2s(r['eval_hours_high']), fmt_seconds)}{eval_basis}; {saves} checkpoint "
+            f"{_range(_h2s(r['eval_hours_low']), _h2s(r['eval_hours_high']), fmt_seconds)}{eval_basis}; "
+            f"{saves} checkpoint "
             f"save(s) of {save_each} each ({r['save_basis']}); export {export} ({r['export_basis']})")
 
 
@@ -239,7 +240,8 @@ def order_context(rec: pd.Series, sheet: pd.DataFrame, lines: pd.DataFrame) -> d
     if sheet.attrs.get("ordered_by", "").startswith("you"):
         chosen = "you chose it (--offer)" + (
             "; it is also rentplan's recommendation" if best is not None and best["offer"] == rec["offer"] else
-            f"; rentplan recommends {best['offer']} ({best['gpu']}, {_range(best['campaign_cost_usd_low'], best['campaign_cost_usd_high'], _usd)})"
+            f"; rentplan recommends {best['offer']} ({best['gpu']}, "
+            f"{_range(best['campaign_cost_usd_low'], best['campaign_cost_usd_high'], _usd)})"
             if best is not None else "; rentplan recommends none")
     else:
         chosen = "rentplan's recommendation: " + ("the cheapest fully modelled offer that fits, no GPU idle"
@@ -282,9 +284,10 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
                      "variants": [{"id": v.id, "lr": v.lr, "priority": v.priority} for v in campaign.variants],
                      "eval": f"every {campaign.eval.every_updates} updates, {campaign.eval.examples} examples at "
                              f"{size_text(kind, campaign.eval.seq_len)}",
-                     "saves": f"a checkpoint every {campaign.save_every} updates "
-                              f"({'save_every_updates' if campaign.save_every_updates else 'at each evaluation: the default'}), "
-                              f"the newest {KEPT_CHECKPOINTS} kept per run",
+                     "saves": f"a checkpoint every {campaign.save_every} updates ("
+                              + ("save_every_updates" if campaign.save_every_updates
+                                 else "at each evaluation: the default")
+                              + f"), the newest {KEPT_CHECKPOINTS} kept per run",
                      "export": campaign.export, "setup_hours": campaign.setup_hours,
                      "seq_len": seq, "precision": campaign.precision,
                      # one campaign's size in its model's words: seq_len for a sequence, positions for an image
@@ -292,7 +295,8 @@ def build_context(campaign: Campaign, sheet: pd.DataFrame, plans: pd.DataFrame, 
                      "at": size_text(kind, seq) if seq else "", "dims": dimension_words(kind),
                      "base": base_note(campaign.params)},
         "assumptions": [
-            f"fit: (need + {fmt_bytes(catalog.context_bytes)} CUDA context + BLAS workspaces not in the lines' peaks, + "
+            f"fit: (need + {fmt_bytes(catalog.context_bytes)} CUDA context + BLAS workspaces not in the lines' "
+            f"peaks, + "
             f"NCCL buffers on several GPUs) × (1 + {headroom:.0%} headroom) ≤ usable memory; 'tight': that total "
             f"fits the usable memory but not with the headroom; 'does not fit': the total alone is above the usable "
             f"memory (each row's context basis names what was added)",
@@ -382,7 +386,8 @@ def write_outputs(out: Path, campaign: Campaign, sheet: pd.DataFrame, plans: pd.
     ctx["verify_command"] = f"rentplan verify {shlex.quote(verify_path)}"  # as sky.yaml's run line says it
     ctx["launch_note"] = launch_note
     ctx["figures"] = order_sheet_figures(lines, sheet, plans, headroom, campaign.setup_hours)
-    ctx["figures_note"] = "" if available() else "No pictures: install the report extra (pip install 'rentplan[report]')."
+    ctx["figures_note"] = ("" if available()
+                           else "No pictures: install the report extra (pip install 'rentplan[report]').")
     files = {
         "selection.csv": sheet.to_csv(index=False),
         "selection-all.csv": None if dearer is None else pd.concat([sheet, dearer]).to_csv(index=False),

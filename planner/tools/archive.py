@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from planner import __version__
+from planner.errors import InputError, LedgerError
 from planner.inputs.schema import ManifestEntry, validate
 from planner.inputs.yamlsafe import Problems
-
-from planner.errors import InputError, LedgerError
 from planner.ledger import Ledger
-from planner import __version__
 from planner.outputs.render import render_template
 from planner.outputs.report import campaign_frames, run_table
 
@@ -213,7 +212,8 @@ def archive_run(ledger_path: str, run_id: str, dest: Path, runs_dir: Path) -> li
         "device": run["device_name"], "torch_version": run["torch_version"], "code_revision": run["code_revision"],
         "started_at": run["started_at"], "status": status, "dest": str(dest),
         "workload": archived_reference(cfg["workload"], saved.get("inputs") or {}),
-        "params": repr(json.loads(cfg["params_json"] or "{}")), "has_workload": "workload" in (saved.get("inputs") or {}), "has_spec": "spec" in (saved.get("inputs") or {})})
+        "params": repr(json.loads(cfg["params_json"] or "{}")),
+        "has_workload": "workload" in (saved.get("inputs") or {}), "has_spec": "spec" in (saved.get("inputs") or {})})
     with Ledger(ledger_path, create=False) as led:
         rows = [{"table": t, **{k: (None if pd.isna(v) else v) for k, v in row.items() if k != "seq"}}
                 for t in ("campaign_runs", "campaign_events", "campaign_metrics", "campaign_predictions")

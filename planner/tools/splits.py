@@ -174,7 +174,7 @@ def check_splits(frames: dict[str, pd.DataFrame], by: str | None) -> dict:
     """Groups in more than one split, and exact duplicate rows across splits."""
     leaks = []
     if by:
-        for name, df in frames.items():
+        for df in frames.values():
             _require(df, by, "--by")
         owners: dict = {}
         for name, df in frames.items():
