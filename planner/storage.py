@@ -4,6 +4,7 @@ folder is named as such, not blamed on the file being read)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -58,6 +59,8 @@ def write_all(files: dict[Path, str | bytes | None]) -> None:
     staged: list[tuple[str, Path]] = []
     try:
         for path, text in files.items():
+            if path.is_dir():  # os.replace cannot put a file there: refused before any file is moved
+                raise WriteError(errno.EISDIR, "is a folder, where this file goes", str(path))
             if text is None:
                 continue
             try:
@@ -73,13 +76,18 @@ def write_all(files: dict[Path, str | bytes | None]) -> None:
                 if e.errno is None:
                     raise
                 raise WriteError(e.errno, e.strerror, str(path)) from None  # the file asked for, not its temporary
+        for i, (tmp, path) in enumerate(staged):
+            try:
+                os.replace(tmp, path)
+            except OSError as e:
+                staged = staged[i:]  # the moved ones are in place; the rest go with their temporaries
+                raise WriteError(e.errno or errno.EIO, e.strerror or str(e), str(path)) from None
+        staged = []
     except BaseException:
         for tmp, _ in staged:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
         raise
-    for tmp, path in staged:
-        os.replace(tmp, path)
     for path, text in files.items():
         if text is None:
             path.unlink(missing_ok=True)

@@ -555,7 +555,9 @@ def _run_variants(run: CampaignRun, seeds, ledger_path, out, device, updates, st
             # one command at a time trains a (variant, seed): a second `campaign run` of the spec skips what the
             # first is training now, and what it finished since this command started
             key, claim = f"campaign:{run.name}:{v.id}:{seed}", new_id("k")
-            held = from_rank0(_claim_variant(ledger_path, key, claim, run.name, v.id, seed, since)
+            settings = {"config": dataclasses.asdict(variant_config(run, v, device, world, strategy)),
+                        "updates": updates or run.updates}
+            held = from_rank0(_claim_variant(ledger_path, key, claim, run.name, v.id, seed, since, settings)
                               if rank == 0 else None)
             if held:
                 say(f"skip {v.id} seed {seed}: {held}")
@@ -582,8 +584,10 @@ def _last_run_seq(ledger_path: str) -> int:
 
 
 def _claim_variant(ledger_path: str, key: str, claim: str, campaign: str, variant: str, seed: int,
-                   since: int) -> str | None:
-    """None when this command may train the (variant, seed) (the claim is then its own), else why not."""
+                   since: int, settings: dict) -> str | None:
+    """None when this command may train the (variant, seed) (the claim is then its own), else why not: another
+    command trains it now or finished it since this one started, or it finished before with the same `settings`
+    (the run's configuration and update count: a rerun continues a campaign, it does not pay for a run twice)."""
     with Ledger(ledger_path) as led:
         holder = led.claim(key, claim)
         if holder is not None:
@@ -595,4 +599,19 @@ def _claim_variant(ledger_path: str, key: str, claim: str, campaign: str, varian
         if not done.empty:
             led.release(key, claim)
             return f"another campaign run finished it meanwhile (run {done['run_id'].iloc[0]})"
+        same = runs[(runs["campaign"] == campaign) & (runs["variant"] == variant) & (runs["seed"] == seed)
+                    & runs["config_json"].map(lambda text: _settings_of(text) == settings)]
+        done = events[events["run_id"].isin(same["run_id"]) & (events["event"] == "finished")]
+        if not done.empty:
+            led.release(key, claim)
+            return (f"it finished with these settings (run {done['run_id'].iloc[-1]}); another --lr, --updates or "
+                    "--seeds trains a new run")
     return None
+
+
+def _settings_of(config_json) -> dict | None:
+    try:
+        said = json.loads(config_json)
+    except (TypeError, ValueError):
+        return None
+    return {"config": said.get("config"), "updates": said.get("updates")} if isinstance(said, dict) else None

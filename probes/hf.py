@@ -63,6 +63,7 @@ def _quant_options(quantize, bnb, head, double_quant, quant_from):
     from probes.quantize import QuantOptions, installed_version
 
     dtypes = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    head, double_quant = _switch("quant_head", head), _switch("double_quant", double_quant)
     given = bnb is not None or head or not double_quant or quant_from not in ("bfloat16", "bf16")
     if given and not quantize:
         raise WorkloadError("bnb, quant_head, double_quant and quant_from describe quantized base weights: give "
@@ -72,9 +73,24 @@ def _quant_options(quantize, bnb, head, double_quant, quant_from):
     if bnb is not None and quantize:
         if not re.fullmatch(r"\d+\.\d+(\.\d+)?", str(bnb)):
             raise WorkloadError(f"bnb must be a bitsandbytes version such as 0.42.0, got {bnb!r}")
+        if tuple(int(x) for x in str(bnb).split(".")) < (0, 39):
+            raise WorkloadError(f"bnb={bnb}: bitsandbytes has 4-bit weights from 0.39.0 on; give the version the "
+                                "run will use, such as 0.42.0")
         installed_version()  # bitsandbytes itself is needed either way
-    return QuantOptions(head=bool(head), double_quant=bool(double_quant), from_dtype=dtypes[str(quant_from)],
+    return QuantOptions(head=head, double_quant=double_quant, from_dtype=dtypes[str(quant_from)],
                         bnb=str(bnb) if bnb is not None else "")
+
+
+def _switch(name: str, value) -> bool:
+    """true/false (yes/no, on/off, 1/0) as a flag is written; anything else is refused, never read as true."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in ("true", "yes", "on", "1"):
+        return True
+    if word in ("false", "no", "off", "0"):
+        return False
+    raise WorkloadError(f"{name} must be true or false, got {value!r}")
 
 
 class HFWorkload:

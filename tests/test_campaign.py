@@ -295,3 +295,29 @@ def test_a_rerun_after_an_interruption_resumes_from_the_last_checkpoint_exactly(
     baseline, _ = finals(tmp_path / "w.db")
     assert "resumed" in set(events["event"]) and events[events["event"] == "resumed"]["update_no"].iloc[0] == 4
     assert resumed == baseline[-len(resumed):], (resumed, baseline)  # update 8's val loss, bit for bit
+
+
+def test_a_rerun_skips_what_already_finished_with_the_same_settings(tmp_path):
+    """A fresh-clone user (#46's attack): control finished, lr-high was interrupted; the rerun the message promised
+    ("rerun the same command to continue where it stopped") trained control again from update 0 (and again at the
+    next rerun), paying for it each time, and the report then read the newest, interrupted attempt. A rerun skips a
+    (variant, seed) that already finished with the same settings and update count, and says so; another --lr or
+    --updates is another run."""
+    from tests.conftest import TINY
+
+    (tmp_path / "c.yaml").write_text(campaign_yaml(
+        params=TINY, precision="fp32", seq_len=16, effective_batch=2, micro_batch=2, updates=2,
+        eval={"every_updates": 2, "examples": 2, "seq_len": 16},
+        variants=[{"id": "control", "lr": 1e-3, "priority": 1}, {"id": "lr-high", "lr": 3e-3, "priority": 2}]))
+    base = ["campaign", "run", str(tmp_path / "c.yaml"), "--ledger", str(tmp_path / "l.db"), "--out",
+            str(tmp_path / "runs")]
+    run(*base, "--variant", "control")
+    r = run(*base)
+    assert "skip control seed 0: it finished with these settings (run c-" in r.output, r.output
+    runs, events, _ = runs_of(str(tmp_path / "l.db"))
+    assert sorted(runs["variant"]) == ["control", "lr-high"]  # control trained once, lr-high once
+    assert "skip lr-high seed 0" in run(*base).output  # nothing left to train
+    run(*base, "--variant", "control", "--lr", "2e-3")  # another learning rate: a new run
+    run(*base, "--variant", "control", "--updates", "1")  # a shortened run: a new run
+    runs, _, _ = runs_of(str(tmp_path / "l.db"))
+    assert sorted(runs["variant"]) == ["control", "control", "control", "lr-high"]

@@ -212,3 +212,23 @@ def test_quantizer_options_need_quantize(llama, tmp_path):
     r = CliRunner().invoke(cli, ["estimate", "-w", f"hf:{llama}", "-p", f"lora={LORA}", "-p", "bnb=0.42.0",
                                  "--ledger", str(tmp_path / "l.db")])
     assert r.exit_code == 1 and "give quantize=nf4|fp4 too" in r.output
+
+
+def test_qlora_switches_and_versions_are_read_as_written_or_refused():
+    """A fresh-clone user (#43's attack): `-p quant_head=maybe` and `double_quant=nope` were read as true (bool of
+    a string: other bytes, silently) and `bnb=0.1` (before bitsandbytes had 4-bit weights) was taken. A switch is
+    true/false (yes/no, on/off, 1/0) or refused by name; a version before 0.39.0 is refused."""
+    pytest.importorskip("bitsandbytes")
+    from planner.errors import WorkloadError
+    from probes.hf import _quant_options
+
+    for value, meant in (("false", False), ("0", False), ("no", False), (True, True), ("yes", True), (1, True)):
+        assert _quant_options("nf4", None, value, value, "bfloat16").head is meant
+        assert _quant_options("nf4", None, False, value, "bfloat16").double_quant is meant
+    for name, args in (("quant_head", ("maybe", True)), ("double_quant", (False, "nope")),
+                       ("double_quant", (False, 2))):
+        with pytest.raises(WorkloadError, match=name):
+            _quant_options("nf4", None, *args, "bfloat16")
+    with pytest.raises(WorkloadError, match="0.39.0"):
+        _quant_options("nf4", "0.1", False, True, "bfloat16")
+    assert _quant_options("nf4", "0.42.0", False, True, "bfloat16").bnb == "0.42.0"

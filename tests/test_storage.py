@@ -168,3 +168,21 @@ def test_a_plan_that_fills_the_disk_leaves_the_earlier_plan_as_it_was(disk, tmp_
     files = lambda rows: [row for row in rows if row[1] >= 0]  # noqa: E731  (a folder's mtime moves with its temporaries)
     assert files(listing(disk)) == files(before)
     assert (disk / "po" / "order.json").read_text() == "OLD"
+
+
+@pytest.mark.parametrize("blocker", ["order.json", "sky.yaml"])
+def test_a_plan_whose_output_name_is_a_folder_replaces_nothing_and_leaves_no_temporaries(tmp_path, blocker):
+    """A fresh-clone user (#46's attack): with `out/order.json` a folder, `plan --out out` said
+    "out/.order.json.y8onpcvs.tmp: is a folder" (a file the user never named), had already replaced selection.csv,
+    plans.csv and the sheets, and left .order.json.*.tmp and .sky.yaml.*.tmp behind at every try. Every target is
+    checked before anything is moved: the error names it, nothing is replaced and no temporary stays."""
+    out = tmp_path / "out"
+    (out / blocker).mkdir(parents=True)
+    (out / "selection.csv").write_text("OLD")
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+    r = run(["plan", "--campaign", tmp_path / "c.yaml", "--ledger", standard_ledger(tmp_path / "l.db"),
+             "--out", out])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert f"{out / blocker}" in r.output and ".tmp" not in r.output, r.output
+    assert (out / "selection.csv").read_text() == "OLD"
+    assert sorted(p.name for p in out.iterdir()) == sorted([blocker, "selection.csv"])
