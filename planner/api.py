@@ -91,6 +91,8 @@ class Plan:
     def write(self, out: str | Path, all_offers: bool = False, on_note: Say | None = None) -> list[Path]:
         """selection.csv, plans.csv, order_sheet.md/.html, budget.md, order.json (and sky.yaml where rentplan
         launches the offer) under `out`; all_offers adds selection-all.csv. on_note: told what the files cannot do."""
+        if not isinstance(out, (str, Path)) or not str(out):
+            raise InputError(f"out must be the path of a folder for the plan's files, got {out!r}")
         check_names(out=out)
         return write_outputs(Path(out), self.campaign, self.sheet, self.plans, self.budget, self.lines,
                              self.catalog, self.headroom, self.order, spec_path=self.spec_path,
@@ -109,6 +111,16 @@ def plan(campaign: str | Path, ledger: str | Path = "rentplan.db", catalog: str 
         notes.append(msg)
         (say or _silent)(msg)
 
+    if not isinstance(campaign, (str, Path)) or not str(campaign):
+        raise InputError(f"campaign must be the path of a campaign spec (YAML), got {campaign!r}")
+    try:
+        headroom = float(headroom)
+    except (TypeError, ValueError):
+        raise InputError(f"headroom must be a fraction such as 0.1, got {headroom!r}") from None
+    if isinstance(days, int) and not isinstance(days, bool):
+        days = [days]
+    if not isinstance(days, (str, list, tuple)):
+        raise InputError(f"days must be rental windows in days, as '3,7,30' or [3, 7, 30], got {days!r}")
     check_names(campaign=campaign)
     camp = load_campaign(campaign)
     cat = load_catalog(catalog)

@@ -63,3 +63,28 @@ def test_a_plan_in_python_holds_what_its_files_say(tmp_path):
     assert not (tmp_path / "out").exists()  # nothing is written until write()
     written = plan.write(tmp_path / "out")
     assert (tmp_path / "out" / "order.json") in written
+
+
+def test_the_api_refuses_what_it_cannot_read_by_name(tmp_path):
+    """A fresh-clone user (#46's attack): api.plan(..., days=7) and headroom="0.2" ended in bare TypeErrors from deep
+    inside, api.plan(None) in pathlib's, and probes.api.grid(micro_bach="1") quietly ran the default grid while
+    grid(params={"layers": 1}) was refused. Each is now said by name (or read as meant), before anything runs."""
+    import pytest
+
+    from planner import api
+    from planner.errors import InputError
+    from probes import api as probe_api
+
+    (tmp_path / "c.yaml").write_text(campaign_yaml())
+    ledger = standard_ledger(tmp_path / "l.db")
+    made = api.plan(tmp_path / "c.yaml", ledger, days=7, headroom="0.2")  # an int window, a number as text
+    assert set(made.plans["days"]) == {7}
+    for kw, says in ((dict(campaign=None), "campaign must be"), (dict(days=None), "days must be"),
+                     (dict(headroom="much"), "headroom must be")):
+        with pytest.raises(InputError, match=says):
+            api.plan(**{"campaign": tmp_path / "c.yaml", "ledger": ledger, **kw})
+    with pytest.raises(InputError, match="out must be"):
+        made.write(None)
+    with pytest.raises(InputError, match="'micro_bach' \\(did you mean 'micro_batch'\\?\\)"):
+        probe_api.grid(workload="builtin:gpt", micro_bach="1")
+    assert probe_api.grid(workload="builtin:gpt", params={"layers": 1}, device="cpu").params == {"layers": 1}

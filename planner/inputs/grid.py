@@ -234,7 +234,22 @@ def resolve_cap(cap: str | None, catalog_path: str | None) -> tuple[str, int | N
     return gpu.id, gpu.usable_bytes - catalog.context_bytes
 
 
+# The options a grid reads: `rentplan probe`'s and `estimate`'s grid options, by their Python names.
+GRID_KEYS = frozenset({
+    "cap", "catalog_path", "checkpointing", "data", "device", "effective_batch", "eval_micro_batch", "eval_seq_len",
+    "fields", "grad_accum", "grid_file", "lora", "lr", "micro_batch", "nproc", "on_truncate", "optimizer", "params",
+    "precision", "quantize", "seq_len", "steady_updates", "strategy", "val_data", "workload"})
+
+
 def spec_from_options(o: dict) -> GridSpec:
+    unknown = sorted(set(o) - GRID_KEYS)
+    if unknown:  # a misspelt option from Python would otherwise leave its default in place, unsaid
+        import difflib
+
+        near = {k: difflib.get_close_matches(k, sorted(GRID_KEYS), 1) for k in unknown}
+        raise InputError("unknown grid option(s): " + ", ".join(
+            f"{k!r}" + (f" (did you mean {near[k][0]!r}?)" if near[k] else "") for k in unknown)
+            + f". The options are {', '.join(sorted(GRID_KEYS))}.")
     data = load_grid_file(o["grid_file"]) if o.get("grid_file") else {}
 
     def pick(key):
@@ -243,7 +258,8 @@ def spec_from_options(o: dict) -> GridSpec:
 
     cap_label, cap_bytes = resolve_cap(pick("cap"), o.get("catalog_path"))
     params = parse_params(data.get("params")) if data.get("params") else {}
-    params.update(parse_params(list(o.get("params") or [])))
+    given = o.get("params") or []
+    params.update(parse_params(given if isinstance(given, dict) else list(given)))
     for key in ("lora", "quantize", "data", "fields", "val_data", "on_truncate"):  # the hf: workload's params
         if o.get(key):
             params[key] = o[key]
