@@ -177,12 +177,52 @@ def _materialise(state):
                 torch.empty_strided(t.shape, t.stride(), dtype=t.dtype))
 
 
+def _tensor_meta(t: torch.Tensor, storages: dict) -> tuple:
+    st = t.untyped_storage()
+    return (type(t).__name__, str(t.device), t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+            t.requires_grad, st.nbytes(), storages.setdefault(id(st), len(storages)))
+
+
+def _meta_tree(obj, storages: dict):
+    if isinstance(obj, torch.Tensor):
+        return _tensor_meta(obj, storages)
+    if isinstance(obj, dict):
+        return tuple((k, _meta_tree(v, storages)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__, *(_meta_tree(v, storages) for v in obj))
+    return ("value", type(obj).__name__, repr(obj))
+
+
+def update_signature(trainer) -> tuple:
+    """What an update's ops can depend on in a built-in workload, as metadata: the open window's batches, every
+    parameter, buffer and gradient of the model and its modules' modes, the optimizer's state and settings (but
+    the scheduled learning rate), with which storages they share. Two states with equal signatures run the same
+    ops on tensors of the same shapes (Pilot.replayed_update)."""
+    storages: dict = {}
+    model = trainer.model
+    groups = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
+              for g in trainer.optimizer.param_groups]
+    index = {id(p): i for i, p in enumerate(p for g in trainer.optimizer.param_groups for p in g["params"])}
+    return (
+        len(trainer.window["indices"]), _meta_tree(trainer._batches, storages),
+        tuple((n, _tensor_meta(p, storages), None if p.grad is None else _tensor_meta(p.grad, storages))
+              for n, p in model.named_parameters(remove_duplicate=False)),
+        tuple((n, _meta_tree(b, storages)) for n, b in model.named_buffers(remove_duplicate=False)),
+        tuple((n, m.training, type(m).__name__) for n, m in model.named_modules(remove_duplicate=False)),
+        type(trainer.optimizer).__name__, _meta_tree(groups, storages),
+        tuple(sorted((index[id(p)], _meta_tree(s, storages)) for p, s in trainer.optimizer.state.items())),
+        trainer.amp_dtype, trainer.scaler is None, trainer.cfg.key(),
+    )
+
+
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
 class Pilot:
     """Holds the state one phase hands to the next."""
+
+    replay_updates = True  # estimates: resume's update counted from the steady update's record where it may be
 
     def __init__(self, cfg: ProbeConfig, workdir: str, emit: Emit, run_id: str, probe_id: str, rank: int = 0):
         self.cfg, self.workdir, self.emit = cfg, workdir, emit
@@ -210,6 +250,8 @@ class Pilot:
         self._checkpoint: dict | None = None  # estimates: the state a checkpoint would hold
         self.census: dict[str, dict] = {}
         self.kernels = None  # estimates for a GPU target: the mode routing its kernels
+        self._update_record = None  # estimates: the steady update as the tracker counted it (replayed_update)
+        self.replayed = False  # whether resume's update was counted from that record rather than traced
 
     @property
     def ckpt_path(self) -> str:
@@ -252,7 +294,7 @@ class Pilot:
             if self.fake:  # an estimate counts its ops on this very update: the census holds no tensor, and a
                 counter = OpCensus()  # test checks the peaks are the same without it (test_estimate.py)
                 with counter:
-                    res = self.trainer.train_update()
+                    res = self.recorded_update()
                 self.census = {self.cfg.target or "cpu": {
                     **counter.profile(), **precision_flags()}}
             else:
@@ -319,10 +361,58 @@ class Pilot:
         expected = 1 + self.cfg.steady_updates
         if self.trainer.update != expected:
             raise RuntimeError(f"resumed at update {self.trainer.update}, expected {expected}")
-        res = self.trainer.train_update()
+        res = self.replayed_update() if self.fake else self.trainer.train_update()
         loss = None if self.fake else res.loss
         return {"loss_first": loss, "loss_last": loss,
                 "detail": f"resumed at update {expected}, position {self.trainer.position - self.cfg.grad_accum}"}
+
+    # --- estimates: the resume's update counted from the steady update's record ---
+    #
+    # Tracing an update under fake tensors is most of an estimate's time, and resume traces the same update again:
+    # same model, same optimizer state, batches of the same shapes. For a built-in workload (its code is ours: the
+    # ops of an update follow from the tensors' metadata, the batch's and the settings, nothing else) the steady
+    # update is recorded as the tracker counts it, and resume replays that record into its own allocator state
+    # when everything the ops could depend on is the same as it was then: the window's batches made the same
+    # storages in the same order, and the model's parameters, buffers and gradients, the optimizer's state and
+    # settings (but the scheduled learning rate) and the modules' modes have the same metadata and aliasing.
+    # Otherwise it traces. tests/test_estimate_replay.py runs grids both ways and finds every line's bytes equal.
+
+    def replays_updates(self) -> bool:
+        from probes.builtin import BUILTINS
+
+        return (self.fake and self.replay_updates and self.tracker is not None
+                and type(self.workload) in BUILTINS.values() and not hasattr(self.workload, "after_build")
+                and self.cfg.strategy == "single" and self.cfg.world_size == 1 and self.cfg.cap_bytes is None
+                and self.cfg.optimizer in ("adamw", "adamw_fused", "sgd", "adafactor"))
+
+    def _begin_window(self):
+        """Make the next window's batches (as train_update would first), recorded."""
+        t = self.trainer
+        with self.tracker.record() as rec:
+            t.begin_window(list(range(t.position, t.position + self.cfg.grad_accum)))
+        return rec
+
+    def recorded_update(self):
+        if not self.replays_updates():
+            return self.trainer.train_update()
+        window = self._begin_window()
+        before = update_signature(self.trainer)
+        with self.tracker.record() as rec:
+            res = self.trainer.train_update()
+        self._update_record = (window, before, rec)
+        return res
+
+    def replayed_update(self):
+        record = self._update_record
+        if record is None or not self.replays_updates():
+            return self.trainer.train_update()
+        window, before, rec = record
+        mine = self._begin_window()
+        if mine.shape() != window.shape() or update_signature(self.trainer) != before:
+            return self.trainer.train_update()
+        self.tracker.replay(rec, known=dict(zip(window.alive(), mine.alive())))
+        self.replayed = True
+        return self.trainer.skip_update()
 
     def kernel_note(self) -> str:
         if self.kernels is None:
