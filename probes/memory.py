@@ -131,42 +131,64 @@ class LiveTensorTracker(TorchDispatchMode):
         finally:
             self._events = None
 
-    def replay(self, rec: "Recording", known: dict | None = None) -> None:
+    def replay(self, rec: "Recording", known: dict | None = None, bind: dict | None = None) -> None:
         """Count a recorded block again as if its ops ran now: the same storages made and released in the same
         order, the peak read where each op ended; the allocator model gets the same calls, from the state it is
         in now. A storage the block released that it did not make must be in `known` (recorded key -> the key
-        of its counterpart here), else nothing is counted and ValueError says so. Storages the block left alive
-        stay counted, under keys of their own (no tensor stands behind them)."""
+        of its counterpart here), else nothing is counted and ValueError says so. `bind` (recorded key -> a
+        tensor made outside every mode, of the same storage size) gives a storage the block made a real tensor
+        to stand for it from here on, counted as any other; the others the block left alive stay counted under
+        keys of their own (no tensor stands behind them). While recording, the replay is recorded as it is
+        counted here."""
         if not rec.replayable:
             raise ValueError("this recording cannot be replayed (a cap, or resized storages)")
         known = dict(known or {})
         made: set = set()
-        for ev in rec.events:
+        last: dict = {}  # a bound key -> the event that made the storage it names at the end (ids are reused)
+        for i, ev in enumerate(rec.events):
             if ev is not None:
                 if ev[1] is not None:
                     made.add(ev[0])
+                    if bind and ev[0] in bind:
+                        last[ev[0]] = i
                 elif ev[0] in made:
                     made.discard(ev[0])
                 elif ev[0] not in known or known[ev[0]] not in self._sizes:
                     raise ValueError("the recording releases a storage from before it that has no counterpart here")
+        if bind and (set(last) != set(bind) or set(last) - made or any(
+                bind[k].untyped_storage().nbytes() != rec.events[i][1] for k, i in last.items())):
+            raise ValueError("a tensor is bound to a storage the recording does not leave alive, or not of its size")
+        bound = {i: bind[k] for k, i in last.items()}
         now = known
-        for ev in rec.events:
+        events = self._events
+        for i, ev in enumerate(rec.events):
             if ev is None:
                 if self.live > self.peak:
                     self.peak = self.live
+                if events is not None and events and events[-1] is not None:
+                    events.append(None)
                 continue
             key, n = ev
             if n is None:
                 mine = now.pop(key)
                 self.live -= self._sizes.pop(mine)
+                self._refs.pop(mine, None)
                 if self.allocator is not None:
                     self.allocator.free(mine)
             else:
-                mine = now[key] = ("replayed", next(_REPLAYED))
+                if i in bound:
+                    st = bound[i].untyped_storage()
+                    mine = id(st)
+                    self._refs[mine] = weakref.ref(st, lambda _ref, key=mine: self._release(key))
+                else:
+                    mine = ("replayed", next(_REPLAYED))
+                now[key] = mine
                 self._sizes[mine] = n
                 self.live += n
                 if self.allocator is not None:
                     self.allocator.malloc(mine, n)
+            if events is not None:
+                events.append((mine, n))
 
     def refresh(self) -> None:
         """Account for storages resized in place since they were first seen."""

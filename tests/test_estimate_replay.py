@@ -1,5 +1,5 @@
-"""An estimate's resume counts its update by replaying the steady update's record (probes/pilot.py,
-Pilot.replayed_update) instead of tracing it again. Every line must read exactly as when it is traced: the grid
+"""An estimate counts steady's forward and backward passes by replaying first_step's record, and resume's update by
+replaying steady's (probes/pilot.py, Pilot.first_update, recorded_update, replayed_update) instead of tracing them. Every line must read exactly as when it is traced: the grid
 as a user runs it against the same configurations traced, and single estimates of every kind the replay takes,
 figure by figure; what it cannot prove the same is traced."""
 
@@ -57,7 +57,8 @@ def test_a_replayed_resume_reads_as_a_traced_one(tmp_path, kw):
     cfg = config(**kw)
     traced, old = pilot(tmp_path, cfg, replay=False)
     replayed, new = pilot(tmp_path, cfg, replay=True)
-    assert not old.replayed and new.replayed  # the replay was taken, and only where asked
+    # both replays were taken, and only where asked
+    assert (old.replayed_micro, old.replayed, new.replayed_micro, new.replayed) == (False, False, True, True)
     assert list(replayed) == list(PHASES)
     for phase in PHASES:
         assert replayed[phase]["verdict"] == "ok", replayed[phase]["detail"]
@@ -74,21 +75,32 @@ def test_what_the_replay_cannot_prove_the_same_is_traced(tmp_path):
     for cfg in (config(cap_bytes=1 << 40, cap="1 TiB"),
                 config(workload=f"{WORKLOADS}:conv_audio", params_json="{}", precision="fp32", target="cpu")):
         lines, p = pilot(tmp_path, cfg, replay=True)
-        assert not p.replayed and all(ln["verdict"] == "ok" for ln in lines.values())
+        assert not p.replayed and not p.replayed_micro and all(ln["verdict"] == "ok" for ln in lines.values())
 
-    class Ragged(Pilot):  # the resume window's batch is longer than the steady one's
-        def _begin_window(self):
-            if self._update_record is not None:
-                self.cfg = dataclasses.replace(self.cfg, seq_len=self.cfg.seq_len + 8)
-                self.trainer.cfg = self.cfg
-            return super()._begin_window()
 
-    lines: dict = {}
-    p = Ragged(config(), str(tmp_path), lambda k, x: lines.__setitem__(x["phase"], x) if k == "line" else None,
-               "r", "p")
-    p.run(PHASES)
-    assert not p.replayed and lines["resume"]["verdict"] == "ok"
-    assert lines["resume"]["peak_allocated_bytes"] > lines["steady"]["peak_allocated_bytes"]
+
+def test_batches_of_another_shape_are_traced(tmp_path):
+    """Later batches longer than the first (a workload whose batch length varies with its index): steady's
+    forward and backward cannot be first_step's, so they are traced; resume's batch is as long as steady's, so its
+    update is replayed. Every figure as when all is traced."""
+    from probes.builtin import GPT
+
+    def ragged(split, index, micro_batch, seq_len):
+        return GPT.make_batch(p.workload, split, index, micro_batch, seq_len + 8 * (index > 0))
+
+    runs = []
+    for replay in (False, True):
+        lines: dict = {}
+        p = Pilot(config(), str(tmp_path), lambda k, x: lines.__setitem__(x["phase"], x) if k == "line" else None,
+                  "r", "p")
+        p.workload.make_batch = ragged
+        p.replay_updates = replay
+        p.run(PHASES)
+        runs.append((lines, p))
+    (traced, _), (lines, p) = runs
+    assert (p.replayed_micro, p.replayed) == (False, True)
+    for phase in PHASES:
+        assert lines[phase]["verdict"] == "ok" and figures(lines[phase]) == figures(traced[phase]), phase
 
 
 def test_a_recording_replays_what_the_tracker_counted():
