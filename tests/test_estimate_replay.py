@@ -1,7 +1,8 @@
-"""An estimate counts steady's forward and backward passes by replaying first_step's record, and resume's update by
-replaying steady's (probes/pilot.py, Pilot.first_update, recorded_update, replayed_update) instead of tracing them. Every line must read exactly as when it is traced: the grid
-as a user runs it against the same configurations traced, and single estimates of every kind the replay takes,
-figure by figure; what it cannot prove the same is traced."""
+"""An estimate counts steady's forward and backward passes by replaying first_step's record, and resume's update
+by replaying steady's (probes/pilot.py, Pilot.first_update, recorded_update, replayed_update) instead of tracing
+them. Every line must read exactly as when it is traced: the grid as a user runs it against the same configurations
+traced, and single estimates of every kind the replay takes, figure by figure; what it cannot prove the same is
+traced."""
 
 import dataclasses
 import json
@@ -90,13 +91,13 @@ def test_batches_of_another_shape_are_traced(tmp_path):
 
     runs = []
     for replay in (False, True):
-        lines: dict = {}
-        p = Pilot(config(), str(tmp_path), lambda k, x: lines.__setitem__(x["phase"], x) if k == "line" else None,
-                  "r", "p")
+        seen: dict = {}
+        p = Pilot(config(), str(tmp_path), lambda k, x, seen=seen: seen.__setitem__(x["phase"], x) if k == "line"
+                  else None, "r", "p")
         p.workload.make_batch = ragged
         p.replay_updates = replay
         p.run(PHASES)
-        runs.append((lines, p))
+        runs.append((seen, p))
     (traced, _), (lines, p) = runs
     assert (p.replayed_micro, p.replayed) == (False, True)
     for phase in PHASES:
