@@ -1,4 +1,5 @@
-"""Issue 5 and 6 figures: the 7B-shape estimate (one process, and rank 0 of FSDP × 8), held-out memory-model error, search probes, false-fit rate.
+"""Issue 5 and 6 figures: the 7B-shape estimate (one process, and rank 0 of FSDP × 8), held-out memory-model error,
+search probes, false-fit rate.
 
     python benchmarks/estimates.py [--out figures.json]
 """
@@ -76,7 +77,7 @@ def seven_b() -> dict:
 
 
 def pilot_peak(mb: int, seq: int, cap: int | None = None, mode: str = "measured") -> dict:
-    from probes.pilot import Pilot, TRAIN_WORKER_PHASES
+    from probes.pilot import TRAIN_WORKER_PHASES, Pilot
 
     cfg = ProbeConfig(params_json=json.dumps(SMALL, sort_keys=True), micro_batch=mb, seq_len=seq, eval_seq_len=seq,
                       eval_micro_batch=mb, cap="bench" if cap else "", cap_bytes=cap, mode=mode)

@@ -56,7 +56,8 @@ def row_configs(row: dict, legacy: bool = False) -> list[ProbeConfig]:
         params = {"lora": row["lora"], "quantize": "nf4"}
     mb, seq = int(row["micro_batch"]), int(row["seq_len"])
     other = int(row["oom_micro_batch"]) if row["oom_micro_batch"] else mb + 1
-    return [ProbeConfig(workload=f"hf:{HERE / 'configs' / row['config']}", params_json=json.dumps(params, sort_keys=True),
+    return [ProbeConfig(workload=f"hf:{HERE / 'configs' / row['config']}",
+                        params_json=json.dumps(params, sort_keys=True),
                         micro_batch=m, seq_len=seq, eval_seq_len=seq, eval_micro_batch=m, precision="bf16-true",
                         optimizer="adamw", device="cpu", mode="estimated", target="sm80+")
             for m in ((mb,) if legacy else (mb, other))]

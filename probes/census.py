@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import conv_flop_count, flop_registry
+
 from probes.loop import Trainer
 from probes.memory import LiveTensorTracker
 
@@ -116,7 +117,8 @@ def matmul_grid(func, args) -> list | None:
     with the tokens of a micro-batch: "m" (rows of a row-major first operand: activations in, gradients of inputs),
     "b" (a bmm's batch) or "-" (neither: a weight gradient, whose first operand is a transposed activation)."""
     a, b = (args[1], args[2]) if func.overloadpacket in (aten.addmm, aten.baddbmm) else (args[0], args[1])
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dim() != b.dim() or a.dim() not in (2, 3):
+    if (not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dim() != b.dim()
+            or a.dim() not in (2, 3)):
         return None
     if a.dim() == 3:
         return [int(a.shape[0]), int(a.shape[1]), int(b.shape[2]), "b"]

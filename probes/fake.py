@@ -12,7 +12,10 @@ op's meta kernel run on the inputs (`in_kernel_invocation_manager`), wrapped as 
 - copies and like-constructors: FakeTensorMode runs the same meta kernel (fake_impls.constructors moves
   `device` to meta and back, which the direct path needs not do when no device is asked for);
 - foreach ops: the meta registrations of torch/_meta_registrations.py, which FakeTensorMode also runs;
-- `empty`/`empty_strided` without a device or on the CPU: fake_impls.constructors with device meta.
+- `empty`/`empty_strided` without a device or on the CPU: fake_impls.constructors with device meta;
+- `lift_fresh` of a small real CPU tensor (torch.tensor(number)): FakeTensorMode clones it and converts the clone
+  (from_real_tensor, make_constant=True): a fake of the same sizes and strides on the CPU holding the clone as its
+  constant. The converter's memo of the clone is never read (nothing else holds the clone), so it is left out.
 
 Anything else, or a constant input (AdamW's step counts are constants, and their values are read), takes
 FakeTensorMode's own path. A test runs whole estimates both ways and finds every figure of every phase equal.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
+from torch.utils._mode_utils import no_dispatch
 
 aten = torch.ops.aten
 _CPU = torch.device("cpu")
@@ -81,6 +85,20 @@ def rnn_workspace_bytes(input, w0, w1, w2, w3, hx, cx, reverse, batch_sizes, mod
     return max(0, int(round(a + per_step * steps + per_row * batch + d * steps * batch)))
 
 
+LIFT_FRESH = aten.lift_fresh.default
+
+
+def _liftable(args, kwargs) -> bool:
+    """torch.tensor(number) under the mode: a small, plain, dense CPU tensor lifted as a constant (AdamW makes one
+    per parameter for its step count; a resumed estimate, one per saved step)."""
+    if kwargs or len(args) != 1:
+        return False
+    t = args[0]
+    return (type(t) is torch.Tensor and t.device == _CPU and t.layout == torch.strided and not t.requires_grad
+            and t.is_contiguous() and t.storage_offset() == 0
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+
+
 def _direct(func) -> bool:
     return func in DIRECT_VIEWS or func in DIRECT_COPIES or func.__name__.startswith("_foreach_")
 
@@ -108,6 +126,12 @@ class EstimateFakeMode(FakeTensorMode):
                 ws = torch.empty(size, dtype=torch.uint8, device="meta")
             return (*out[:3], FakeTensor(self, ws, out[3].fake_device))
         if self.direct and self.shape_env is None and kwargs.get("device") in (None, _CPU):
+            if func is LIFT_FRESH and _liftable(args, kwargs) and self.may_turn_const(args[0]):
+                with no_dispatch():  # a copy of the value, kept as the constant, as FakeTensorMode keeps it
+                    value = args[0].clone()
+                with in_kernel_invocation_manager(self):
+                    r = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+                return FakeTensor(self, r, _CPU, constant=value)
             if func in DIRECT_CONSTRUCTORS:
                 with in_kernel_invocation_manager(self):
                     r = func(*args, **{**kwargs, "device": "meta"})

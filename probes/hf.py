@@ -285,9 +285,7 @@ class HFWorkload:
         """QLoRA: quantize the base's linears one at a time, then put LoRA on them."""
         if not self.quantize:
             return model
-        from probes.quantize import quantize
-
-        from probes.quantize import BnbSemantics, installed_version
+        from probes.quantize import BnbSemantics, installed_version, quantize
 
         wanted = self.quant_options.bnb
         if not fake and wanted and BnbSemantics.of(wanted) != BnbSemantics.of(installed_version()):
@@ -373,7 +371,8 @@ class HFWorkload:
             ids = batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist()
             lab = batch["labels"][i]
             if self.task == "classification":
-                out.append({"input": decode(ids), "target": str(int(lab)), "mask": "", "loss sees": f"class {int(lab)}"})
+                out.append({"input": decode(ids), "target": str(int(lab)), "mask": "",
+                            "loss sees": f"class {int(lab)}"})
                 continue
             seen = lab[lab != IGNORE].tolist()
             out.append({"input": decode(ids), "target": decode(seen),

@@ -222,6 +222,19 @@ class Trainer:
         self.window, self._batches = None, None
         return UpdateResult(w["loss_sum"] / total, total, len(w["indices"]))
 
+    def skip_update(self) -> UpdateResult:
+        """Estimates: close the open window as finish_window does, without running its update (its memory was
+        counted by replaying an identical update's record: probes/pilot.py, Pilot.replayed_update). Values do not
+        exist under fake tensors, so only the counters move (the scheduler's learning rate does not: nothing after an
+        estimate's last update reads it); the gradients stay None as zero_grad leaves them."""
+        w = self.window
+        if not self.fake or self.cfg.strategy == "ddp" or any(p.grad is not None for p in self.model.parameters()):
+            raise RuntimeError("skip_update is for estimates whose update leaves no gradient behind")
+        self.update += 1
+        self.position = w["indices"][-1] + 1
+        self.window, self._batches = None, None
+        return UpdateResult(float("nan"), sum(w["counts"]), len(w["indices"]))
+
     def train_update(self, indices: list[int] | None = None, stop_after: int | None = None) -> UpdateResult | None:
         """One optimizer update over `indices` (default: the next grad_accum micro-batches). With stop_after,
         stop once that many micro-batches of the window are done (returns None; the window stays open)."""

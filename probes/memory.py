@@ -9,14 +9,16 @@ device-level figure. The same tracker runs under FakeTensorMode for estimates.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
+import itertools
 import os
 import weakref
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
-from torch._subclasses.fake_tensor import FakeTensor
 
 from planner.models.allocator import SimulatedOOM
 
@@ -45,6 +47,10 @@ class LiveTensorTracker(TorchDispatchMode):
         # with track_resizes, every tracked storage's size is re-read after each op (slower; sharded runs only).
         self.track_resizes = track_resizes
         self._refs: dict[int, weakref.ref] = {}
+        # While recording (record()), every change the tracker makes, in order: (key, bytes) for a storage
+        # seen, (key, None) for one released, None where an op ends and the peak is read. replay() applies such
+        # a record to this tracker's counters and allocator model without running its ops.
+        self._events: list | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE and type(args[0]) is FakeTensor:
@@ -61,6 +67,8 @@ class LiveTensorTracker(TorchDispatchMode):
                     self._track(t)
         if self.track_resizes:
             self.refresh()
+        if self._events is not None and self._events and self._events[-1] is not None:
+            self._events.append(None)  # the peak is read here (twice in a row reads the same)
         if self.live > self.peak:
             self.peak = self.live
         if self.cap_bytes is not None and not self._allocator_caps and self.live > self.cap_bytes:
@@ -87,22 +95,102 @@ class LiveTensorTracker(TorchDispatchMode):
         n = st.nbytes()
         self._sizes[key] = n
         self.live += n
+        if self._events is not None:
+            self._events.append((key, n))
         # A weak reference whose callback runs when the storage dies (cheaper than weakref.finalize); it is
         # kept here until then, and is also how refresh() reads sizes back.
         self._refs[key] = weakref.ref(st, lambda _ref, key=key: self._release(key))
         if self.allocator is not None:
             try:
                 self.allocator.malloc(key, n)
-            except SimulatedOOM as e:  # only with a limit, which is the cap (_allocator_caps)  # `t` is released as the exception unwinds: its count with it
+            # only with a limit, which is the cap (_allocator_caps); `t` is released as the exception unwinds: its
+            # count with it
+            except SimulatedOOM as e:
                 raise torch.OutOfMemoryError(
                     f"CPU cap exceeded: CUDA's caching allocator (modelled) cannot reserve {n} more bytes within "
                     f"the cap of {self.cap_bytes} bytes (rentplan --cap); {self.live} live tensor bytes. {e}") from None
 
     def _release(self, key: int) -> None:
-        self.live -= self._sizes.pop(key, 0)
+        n = self._sizes.pop(key, None)
+        if n is None:  # counted out already (replay)
+            self._refs.pop(key, None)
+            return
+        self.live -= n
         self._refs.pop(key, None)
+        if self._events is not None:
+            self._events.append((key, None))
         if self.allocator is not None:
             self.allocator.free(key)
+
+    @contextlib.contextmanager
+    def record(self):
+        """Yields a Recording of what the tracker counts inside the block, to replay() elsewhere. A tracker that
+        enforces a cap (an OOM mid-block) or re-reads resized storages records nothing replayable."""
+        rec = Recording([], replayable=self.cap_bytes is None and not self.track_resizes)
+        self._events = rec.events
+        try:
+            yield rec
+        finally:
+            self._events = None
+
+    def replay(self, rec: "Recording", known: dict | None = None, bind: dict | None = None) -> None:
+        """Count a recorded block again as if its ops ran now: the same storages made and released in the same
+        order, the peak read where each op ended; the allocator model gets the same calls, from the state it is
+        in now. A storage the block released that it did not make must be in `known` (recorded key -> the key
+        of its counterpart here), else nothing is counted and ValueError says so. `bind` (recorded key -> a
+        tensor made outside every mode, of the same storage size) gives a storage the block made a real tensor
+        to stand for it from here on, counted as any other; the others the block left alive stay counted under
+        keys of their own (no tensor stands behind them). While recording, the replay is recorded as it is
+        counted here."""
+        if not rec.replayable:
+            raise ValueError("this recording cannot be replayed (a cap, or resized storages)")
+        known = dict(known or {})
+        made: set = set()
+        last: dict = {}  # a bound key -> the event that made the storage it names at the end (ids are reused)
+        for i, ev in enumerate(rec.events):
+            if ev is not None:
+                if ev[1] is not None:
+                    made.add(ev[0])
+                    if bind and ev[0] in bind:
+                        last[ev[0]] = i
+                elif ev[0] in made:
+                    made.discard(ev[0])
+                elif ev[0] not in known or known[ev[0]] not in self._sizes:
+                    raise ValueError("the recording releases a storage from before it that has no counterpart here")
+        if bind and (set(last) != set(bind) or set(last) - made or any(
+                bind[k].untyped_storage().nbytes() != rec.events[i][1] for k, i in last.items())):
+            raise ValueError("a tensor is bound to a storage the recording does not leave alive, or not of its size")
+        bound = {i: bind[k] for k, i in last.items()}
+        now = known
+        events = self._events
+        for i, ev in enumerate(rec.events):
+            if ev is None:
+                if self.live > self.peak:
+                    self.peak = self.live
+                if events is not None and events and events[-1] is not None:
+                    events.append(None)
+                continue
+            key, n = ev
+            if n is None:
+                mine = now.pop(key)
+                self.live -= self._sizes.pop(mine)
+                self._refs.pop(mine, None)
+                if self.allocator is not None:
+                    self.allocator.free(mine)
+            else:
+                if i in bound:
+                    st = bound[i].untyped_storage()
+                    mine = id(st)
+                    self._refs[mine] = weakref.ref(st, lambda _ref, key=mine: self._release(key))
+                else:
+                    mine = ("replayed", next(_REPLAYED))
+                now[key] = mine
+                self._sizes[mine] = n
+                self.live += n
+                if self.allocator is not None:
+                    self.allocator.malloc(mine, n)
+            if events is not None:
+                events.append((mine, n))
 
     def refresh(self) -> None:
         """Account for storages resized in place since they were first seen."""
@@ -124,6 +212,44 @@ class LiveTensorTracker(TorchDispatchMode):
         self.peak = self.live
 
 
+@dataclasses.dataclass
+class Recording:
+    """What a LiveTensorTracker counted in a block, in order: (key, bytes) for a storage first seen, (key, None)
+    for one released, None where an op ended and the peak was read."""
+
+    events: list
+    replayable: bool = True
+
+    def shape(self) -> list:
+        """The events with each key replaced by its order of first appearance: two blocks with the same shape
+        made and released storages of the same sizes in the same order."""
+        current: dict = {}  # key -> the number of the storage it names now (an id is reused once freed)
+        out: list = []
+        made = 0
+        for ev in self.events:
+            if ev is None:
+                out.append(None)
+            elif ev[1] is not None:
+                current[ev[0]] = made
+                out.append((made, ev[1]))
+                made += 1
+            else:
+                out.append((current.pop(ev[0], ("before", ev[0])), None))
+        return out
+
+    def alive(self) -> list:
+        """Keys of the storages the block made and left alive, in the order it made them."""
+        live: dict = {}
+        for ev in self.events:
+            if ev is not None:
+                if ev[1] is not None:
+                    live[ev[0]] = True
+                else:
+                    live.pop(ev[0], None)
+        return list(live)
+
+
+_REPLAYED = itertools.count()
 _HOST_SIDE = 0
 
 

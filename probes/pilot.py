@@ -8,31 +8,33 @@ A phase that fails (OOM, non-finite loss, exception) still yields its line; late
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import os
 import platform
 import socket
-import sys
 import statistics
+import sys
 import time
 import traceback
+from collections import Counter
 from datetime import datetime, timezone
 from typing import Callable
 
 import torch
 
-from planner.records import Line, ProbeConfig, Verdict
+from planner.errors import InputError
+from planner.models.allocator import AllocatorConfig, CachingAllocator
 from planner.models.kernels import TARGETS, kernel_target
+from planner.records import Line, ProbeConfig, Verdict
+from probes import checkpoint
 from probes.census import OpCensus, census, census_fields, precision_flags
 from probes.kernels import target_kernels
-from probes import checkpoint
 from probes.loop import NonFinite, Trainer
 from probes.memory import LiveTensorTracker, PhaseMeter, host_side, reading_notes
 from probes.positions import position_limit
 from probes.workloads import load_workload
-from planner.models.allocator import AllocatorConfig, CachingAllocator
-from planner.errors import InputError
 
 Emit = Callable[[str, object], None]
 TRAIN_WORKER_PHASES = ("setup", "first_step", "steady", "eval", "save", "export")
@@ -175,12 +177,68 @@ def _materialise(state):
                 torch.empty_strided(t.shape, t.stride(), dtype=t.dtype))
 
 
+def _tensor_meta(t: torch.Tensor, storages: dict) -> tuple:
+    st = t.untyped_storage()
+    return (type(t).__name__, str(t.device), t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+            t.requires_grad, st.nbytes(), storages.setdefault(id(st), len(storages)))
+
+
+def _meta_tree(obj, storages: dict):
+    if isinstance(obj, torch.Tensor):
+        return _tensor_meta(obj, storages)
+    if isinstance(obj, dict):
+        return tuple((k, _meta_tree(v, storages)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__, *(_meta_tree(v, storages) for v in obj))
+    return ("value", type(obj).__name__, repr(obj))
+
+
+def update_signature(trainer, optimizer: bool = True) -> tuple:
+    """What an update's ops can depend on in a built-in workload, as metadata: the open window's batches, every
+    parameter, buffer and gradient of the model and its modules' modes, and (optimizer=True; its forward and
+    backward passes do not read them) the optimizer's state and settings but the scheduled learning rate, with
+    which storages they share. Two states with equal signatures run the same ops on tensors of the same shapes
+    (Pilot.replayed_update)."""
+    storages: dict = {}
+    model = trainer.model
+    out = (
+        len(trainer.window["indices"]), _meta_tree(trainer._batches, storages),
+        tuple((n, _tensor_meta(p, storages), None if p.grad is None else _tensor_meta(p.grad, storages))
+              for n, p in model.named_parameters(remove_duplicate=False)),
+        tuple((n, _meta_tree(b, storages)) for n, b in model.named_buffers(remove_duplicate=False)),
+        tuple((n, m.training, type(m).__name__) for n, m in model.named_modules(remove_duplicate=False)),
+        trainer.amp_dtype, trainer.scaler is None, trainer.cfg.key(),
+    )
+    if not optimizer:
+        return out
+    groups = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
+              for g in trainer.optimizer.param_groups]
+    index = {id(p): i for i, p in enumerate(p for g in trainer.optimizer.param_groups for p in g["params"])}
+    return (*out, type(trainer.optimizer).__name__, _meta_tree(groups, storages),
+            tuple(sorted((index[id(p)], _meta_tree(s, storages)) for p, s in trainer.optimizer.state.items())))
+
+
+@dataclasses.dataclass
+class MicroRecord:
+    """The first update's forward and backward passes as an estimate counted them (Pilot.first_update)."""
+
+    window: object  # Recording of begin_window
+    before: tuple  # update_signature(optimizer=False) once the window began
+    micro: object  # Recording of the micro-steps
+    rows: Counter  # the census of the micro-steps
+    launches: int
+    backends: dict  # attention kernels they ran
+    grads: list  # (parameter index, shape, stride, dtype, recorded key, storage bytes): what they left alive
+
+
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
 class Pilot:
     """Holds the state one phase hands to the next."""
+
+    replay_updates = True  # estimates: resume's update counted from the steady update's record where it may be
 
     def __init__(self, cfg: ProbeConfig, workdir: str, emit: Emit, run_id: str, probe_id: str, rank: int = 0):
         self.cfg, self.workdir, self.emit = cfg, workdir, emit
@@ -208,6 +266,10 @@ class Pilot:
         self._checkpoint: dict | None = None  # estimates: the state a checkpoint would hold
         self.census: dict[str, dict] = {}
         self.kernels = None  # estimates for a GPU target: the mode routing its kernels
+        self._micro_record: MicroRecord | None = None  # estimates: first_step's micro-steps as counted
+        self._update_record = None  # estimates: the steady update as the tracker counted it (replayed_update)
+        self.replayed_micro = False  # whether steady's micro-steps were counted from first_step's record
+        self.replayed = False  # whether resume's update was counted from steady's record rather than traced
 
     @property
     def ckpt_path(self) -> str:
@@ -235,7 +297,7 @@ class Pilot:
         }
 
     def first_step(self) -> dict:
-        res = self.trainer.train_update()
+        res = self.first_update() if self.fake else self.trainer.train_update()
         self.losses.append(res.loss)
         opt_bytes = sum(_local_bytes(t) for s in self.trainer.optimizer.state.values()
                         for t in s.values() if isinstance(t, torch.Tensor))
@@ -250,7 +312,7 @@ class Pilot:
             if self.fake:  # an estimate counts its ops on this very update: the census holds no tensor, and a
                 counter = OpCensus()  # test checks the peaks are the same without it (test_estimate.py)
                 with counter:
-                    res = self.trainer.train_update()
+                    res = self.recorded_update(counter)
                 self.census = {self.cfg.target or "cpu": {
                     **counter.profile(), **precision_flags()}}
             else:
@@ -304,7 +366,8 @@ class Pilot:
             self.trainer = None
             gc.collect()
         self.trainer = self.new_trainer()
-        if self.fake:  # torch.load reads every tensor of the file into host memory, then they are copied onto the device
+        # torch.load reads every tensor of the file into host memory, then they are copied onto the device
+        if self.fake:
             state = self._checkpoint
             if self.cfg.strategy == "fsdp":  # as checkpoint.load: shards restored in place, the rest from the file
                 checkpoint.load_sharded(self.trainer, None)
@@ -318,7 +381,7 @@ class Pilot:
         expected = 1 + self.cfg.steady_updates
         if self.trainer.update != expected:
             raise RuntimeError(f"resumed at update {self.trainer.update}, expected {expected}")
-        res = self.trainer.train_update()
+        res = self.replayed_update() if self.fake else self.trainer.train_update()
         loss = None if self.fake else res.loss
         return {"loss_first": loss, "loss_last": loss,
                 "detail": f"resumed at update {expected}, position {self.trainer.position - self.cfg.grad_accum}"}
@@ -327,6 +390,130 @@ class Pilot:
         """The workload's own word on what its traced memory assumed (QLoRA's bitsandbytes version, probes/hf.py)."""
         note = getattr(self.trainer.workload, "memory_note", None)
         return note(self.trainer.model) if callable(note) else ""
+
+    # --- estimates: updates counted from records of identical ones ---
+    #
+    # Tracing an update under fake tensors is most of an estimate's time, and an estimate traced three: first_step,
+    # steady and resume. For a built-in workload (its code is ours: the ops of an update follow from the tensors'
+    # metadata, the batches' and the settings, nothing else) the tracker records what it counts, and an identical
+    # update later is counted by replaying that record into the allocator state it meets (LiveTensorTracker.replay):
+    # - steady's forward and backward passes are first_step's (gradients are None before both; the optimizer is
+    #   not read until the step): replayed with their census rows and attention kernels, the gradients they leave
+    #   made as the fake tensors backward made; the optimizer step (first_step's made the state) is traced;
+    # - resume's whole update is steady's (the same state, restored): replayed.
+    # A replay is taken only when everything those ops could depend on is as it was when recorded: the window's
+    # batches made the same storages in the same order, and the model's parameters, buffers and gradients, its
+    # modules' modes and (for a whole update) the optimizer's state and settings but the scheduled learning rate
+    # have the same metadata and aliasing (update_signature); otherwise the update is traced.
+    # tests/test_estimate_replay.py runs grids both ways and finds every figure of every line equal.
+
+    def replays_updates(self) -> bool:
+        from probes.builtin import BUILTINS
+
+        return (self.fake and self.replay_updates and self.tracker is not None
+                and type(self.workload) in BUILTINS.values() and not hasattr(self.workload, "after_build")
+                and self.cfg.strategy == "single" and self.cfg.world_size == 1 and self.cfg.cap_bytes is None
+                and self.cfg.optimizer in ("adamw", "adamw_fused", "sgd", "adafactor"))
+
+    def _begin_window(self):
+        """Make the next window's batches (as train_update would first), recorded."""
+        t = self.trainer
+        with self.tracker.record() as rec:
+            t.begin_window(list(range(t.position, t.position + self.cfg.grad_accum)))
+        return rec
+
+    def first_update(self):
+        """The first update, its micro-steps recorded with their census (MicroRecord)."""
+        if not self.replays_updates():
+            return self.trainer.train_update()
+        t = self.trainer
+        window = self._begin_window()
+        before = update_signature(t, optimizer=False)
+        counter = OpCensus()
+        ran = dict(self.kernels.backends) if self.kernels is not None else {}
+        with counter, self.tracker.record() as micro:
+            while t.window["done"] < len(t.window["indices"]):
+                t.micro_step()
+        grads = self._recorded_grads(micro)
+        if grads is not None:
+            backends = {k: n - ran.get(k, 0) for k, n in (self.kernels.backends if self.kernels else {}).items()}
+            self._micro_record = MicroRecord(window, before, micro, counter.rows, counter.launches,
+                                             {k: n for k, n in backends.items() if n}, grads)
+        return t.train_update()  # the window's micro-steps are done: its optimizer step
+
+    def _recorded_grads(self, micro) -> list | None:
+        """The gradients the micro-steps left, when they are all they left: each a whole fake storage of its own
+        that empty_strided remakes. None otherwise (nothing is replayed)."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        alive = set(micro.alive())
+        grads = []
+        for i, p in enumerate(self.trainer.model.parameters()):
+            g = p.grad
+            if g is None:
+                continue
+            st = g.untyped_storage()
+            if (type(g) is not FakeTensor or g.constant is not None or g.requires_grad or g.storage_offset()
+                    or id(st) not in alive or g.fake_device != self.device):
+                return None
+            alive.discard(id(st))
+            grads.append((i, tuple(g.shape), tuple(g.stride()), g.dtype, id(st), st.nbytes()))
+        return grads if not alive else None
+
+    def _replay_micro_steps(self, window, counter) -> bool:
+        r = self._micro_record
+        t = self.trainer
+        if r is None or window.shape() != r.window.shape() or update_signature(t, optimizer=False) != r.before:
+            return False
+        from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        params = list(t.model.parameters())
+        made = {}
+        with _disable_current_modes():  # the gradients backward would leave, seen by no mode: the replay counts them
+            for i, shape, stride, dtype, key, nbytes in r.grads:
+                with in_kernel_invocation_manager(self.fake_mode):
+                    meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+                if meta.untyped_storage().nbytes() != nbytes:  # a gradient over a larger storage: not remade
+                    return False
+                made[key] = (i, FakeTensor(self.fake_mode, meta, self.device))
+        self.tracker.replay(r.micro, known=dict(zip(r.window.alive(), window.alive())),
+                            bind={key: g for key, (_, g) in made.items()})
+        for i, g in made.values():
+            params[i].grad = g
+        counter.rows.update(r.rows)
+        counter.launches += r.launches
+        for k, n in r.backends.items():
+            self.kernels.backends[k] = self.kernels.backends.get(k, 0) + n
+        t.window["done"] = len(t.window["indices"])
+        t.window["loss_sum"] = float("nan")  # what fake micro-steps add up to
+        self.replayed_micro = True
+        return True
+
+    def recorded_update(self, counter):
+        """The steady update (its forward and backward replayed from first_step's where they may be), recorded."""
+        if not self.replays_updates():
+            return self.trainer.train_update()
+        window = self._begin_window()
+        before = update_signature(self.trainer)
+        with self.tracker.record() as rec:
+            self._replay_micro_steps(window, counter)
+            res = self.trainer.train_update()
+        self._update_record = (window, before, rec)
+        return res
+
+    def replayed_update(self):
+        """Resume's update: steady's replayed where it may be, else traced."""
+        record = self._update_record
+        if record is None or not self.replays_updates():
+            return self.trainer.train_update()
+        window, before, rec = record
+        mine = self._begin_window()
+        if mine.shape() != window.shape() or update_signature(self.trainer) != before:
+            return self.trainer.train_update()
+        self.tracker.replay(rec, known=dict(zip(window.alive(), mine.alive())))
+        self.replayed = True
+        return self.trainer.skip_update()
 
     def kernel_note(self) -> str:
         if self.kernels is None:

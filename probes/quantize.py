@@ -23,7 +23,8 @@ the run will use (`bnb=VERSION`, default this machine's); `BnbSemantics` says wh
   delete useless buffered activation", first in 0.43.2) saves `(None, B)`. A frozen torch linear keeps no input
   (autograd saves `self` of mm only when the weight needs a gradient), so this is memory LoRA does not hold;
 - before 0.50.0 its forward dequantizes the whole weight, `F.linear(A, F.dequantize_4bit(B, state).to(A.dtype)
-  .t())` (0.42.0 _functions.py:516; 0.49.2 _functions.py:315), a transient of the layer's size in the quant state's dtype,
+  .t())` (0.42.0 _functions.py:516; 0.49.2 _functions.py:315), a transient of the layer's size in the quant state's
+  dtype,
   plus a copy when that differs from the compute dtype (Lightning's BitsandbytesPrecision quantizes from
   float16: lightning/fabric/plugins/precision/bitsandbytes.py:334 at 7e87ce05); 0.50.0 fuses it (gemm_4bit, #1949);
 - every version's backward dequantizes the weight again (0.42.0 _functions.py:546; 0.50.0 _functions.py:384).
@@ -103,7 +104,7 @@ def _tied(model: torch.nn.Module, lin: torch.nn.Linear) -> bool:
 def targets(model: torch.nn.Module, head: bool = False) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
     """(parent, attribute, linear) for every linear layer to quantize."""
     out = []
-    for parent_name, parent in model.named_modules():
+    for _, parent in model.named_modules():
         for name, child in parent.named_children():
             if type(child) is torch.nn.Linear and (name not in SKIP or (head and not _tied(model, child))):
                 out.append((parent, name, child))

@@ -10,13 +10,13 @@ Rerunning skips finished configurations; failed ones rerun only with retry_faile
 from __future__ import annotations
 
 import contextlib
-import itertools
-import re
 import dataclasses
+import itertools
 import json
 import multiprocessing as mp
 import os
 import pickle
+import re
 import signal
 import sys
 import tempfile
@@ -29,11 +29,11 @@ from typing import Callable
 
 import pandas as pd
 
+from planner.errors import InputError
 from planner.ledger import Ledger, holding, lines_frame, new_id
 from planner.records import PHASES, Line, ProbeConfig, Verdict
-from probes.ranks import launch, rank_file
-from planner.errors import InputError
 from probes.distributed import init_fake_process_group
+from probes.ranks import launch, rank_file
 
 DEFAULT_TIMEOUT_S = 900.0
 _CTX = None
@@ -581,7 +581,7 @@ def _run_ranks(phases, cfg: ProbeConfig, workdir, run_id, probe_id, timeout_s, o
         verdict = {"timeout": Verdict.TIMEOUT, "interrupted": Verdict.INTERRUPTED}.get(status, Verdict.KILLED)
         # a rank that could not start said why in its file; the launcher's own message is a banner of '='
         cause = next((o.fatal for o in outs.values() if o.fatal), "") or message
-        for r, o in outs.items():
+        for o in outs.values():
             if o in (x for _, x in failed):
                 continue
             o.verdict = Verdict.ERROR if (status == "failed" and not failed) else verdict

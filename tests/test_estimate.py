@@ -135,6 +135,8 @@ print(json.dumps({{"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1
 def test_an_estimates_census_leaves_every_peak_unchanged(tmp_path, monkeypatch, ref, params, ckpt):
     """The op census rides on an estimate's steady update: every figure of every phase must be what it is with
     a pass-through mode in its place (FlopCounterMode once kept checkpointed recomputations alive)."""
+    from collections import Counter
+
     from torch.utils._python_dispatch import TorchDispatchMode
 
     import probes.pilot
@@ -147,6 +149,9 @@ def test_an_estimates_census_leaves_every_peak_unchanged(tmp_path, monkeypatch, 
     assert with_census["steady"]["flops_per_update"] > 0
 
     class PassThrough(TorchDispatchMode):
+        rows: Counter = Counter()  # what the pilot reads of a census besides its profile (replayed micro-steps)
+        launches = 0
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 

@@ -77,6 +77,30 @@ def test_every_direct_op_gives_what_fake_tensor_mode_gives():
     assert DIRECT_VIEWS | DIRECT_COPIES | DIRECT_CONSTRUCTORS <= covered
 
 
+def test_torch_tensor_of_a_number_lifts_as_fake_tensor_mode_lifts_it(monkeypatch):
+    """torch.tensor(number) takes the direct path (a fake holding a copy as its constant); larger values keep
+    FakeTensorMode's own. Same result either way, the constant's value included."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    own = []  # ops that went on to FakeTensorMode's own dispatch
+    monkeypatch.setattr(FakeTensorMode, "_cached_dispatch_impl", lambda self, func, *a, real=(
+        FakeTensorMode._cached_dispatch_impl): own.append(func) or real(self, func, *a))
+    got = []
+    for direct in (True, False):
+        mode = EstimateFakeMode()
+        mode.direct = direct
+        own.clear()
+        with mode:
+            made = [torch.tensor(2.5), torch.tensor(7), torch.tensor(1.0, dtype=torch.bfloat16),
+                    torch.tensor(True), torch.tensor([1.0, 2.0, 3.0])]
+            took = len(own)
+            got.append([(_describe(t, []), None if t.constant is None else t.constant.tolist(),
+                         type(t.constant).__name__, t.requires_grad) for t in made])
+            assert [x[1] for x in got[-1]] == [2.5, 7, 1.0, True, None]
+        assert took == (1 if direct else 5)  # directly: all but the three-element tensor
+    assert got[0] == got[1]
+
+
 def test_the_direct_path_is_taken_and_constants_keep_fake_tensor_modes_path():
     """Views of a fake skip the cache; a constant (AdamW's step count) still gets FakeTensorMode's constant
     propagation, so its value is read as it counts up."""

@@ -199,7 +199,8 @@ def test_lightning_style_quantization_head_and_no_double_quant(llama):
 
 def test_a_measured_run_refuses_a_bitsandbytes_it_does_not_have(llama):
     """A measured line is what the installed bitsandbytes kept: asking it to be 0.42.0's is an error on the line."""
-    cfg = ProbeConfig(workload=f"hf:{llama}", params_json=json.dumps({"lora": LORA, "quantize": "nf4", "bnb": "0.42.0"}),
+    cfg = ProbeConfig(workload=f"hf:{llama}",
+                      params_json=json.dumps({"lora": LORA, "quantize": "nf4", "bnb": "0.42.0"}),
                       micro_batch=2, seq_len=32, eval_seq_len=32, precision="bf16", mode="measured")
     out = {}
     Pilot(cfg, "/nonexistent", lambda k, x: out.__setitem__(x["phase"], x) if k == "line" else None, "r", "p"

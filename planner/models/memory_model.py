@@ -9,7 +9,6 @@ With fewer than 3 distinct points the model falls back to a + b·tokens through 
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -235,7 +234,8 @@ def build_model(lines: pd.DataFrame, fragmentation: float) -> MemoryModel | None
     if ok["peak_reserved_bytes"].notna().all():
         basis = f"reserved peak, {'/'.join(modes)} on {', '.join(names) or ', '.join(devices)}"
     elif has_reserved(ok).all():
-        basis = (f"reserved peak simulated by a model of CUDA's caching allocator (planner/models/allocator.py) replaying "
+        basis = (f"reserved peak simulated by a model of CUDA's caching allocator (planner/models/allocator.py) "
+                 "replaying "
                  f"the allocations, {'/'.join(modes)} on {where}")
     else:
         basis = (f"allocated peak × {fragmentation:g} (flat factor: these lines carry no reserved figure and no "
