@@ -411,6 +411,7 @@ class Pilot:
         from probes.builtin import BUILTINS
 
         return (self.fake and self.replay_updates and self.tracker is not None
+                and self.cfg.workload.startswith("builtin:")  # a file returning GPT(...) may patch its code
                 and type(self.workload) in BUILTINS.values() and not hasattr(self.workload, "after_build")
                 and self.cfg.strategy == "single" and self.cfg.world_size == 1 and self.cfg.cap_bytes is None
                 and self.cfg.optimizer in ("adamw", "adamw_fused", "sgd", "adafactor"))

@@ -159,3 +159,29 @@ def test_the_grid_reads_as_when_every_update_is_traced(tmp_path):
         traced, _ = pilot(tmp_path, cfg, replay=False)
         for phase in PHASES:
             assert got[cfg.key(), phase] == figures(traced[phase]), (cfg.label(), phase)
+
+
+def test_a_workload_file_returning_a_built_in_model_is_traced(tmp_path):
+    """A reviewer's attack (#43 item 7): a workload file returning `GPT(**kw)` with its own compute_loss (a z-loss
+    that runs a second forward after the first micro-step) passed the guard (its type is the built-in's), so steady
+    and resume were replayed from first_step's record: steady's peak 7,573,620 bytes and half the FLOPs, where
+    tracing gives 8,172,672. Only a `builtin:` reference is replayed: code the user wrote is traced."""
+    (tmp_path / "mywl.py").write_text(
+        "from probes.builtin import GPT\n\n"
+        "def warmup(**kw):\n"
+        "    w = GPT(**kw)\n"
+        "    inner, calls = w.compute_loss, [0]\n\n"
+        "    def compute_loss(model, batch):\n"
+        "        calls[0] += 1\n"
+        "        loss = inner(model, batch)\n"
+        "        if calls[0] > 1:  # after the first micro-step: an auxiliary z-loss, a second forward\n"
+        "            loss = loss + 1e-4 * model(batch['input_ids']).float().logsumexp(-1).pow(2).mean()\n"
+        "        return loss\n\n"
+        "    w.compute_loss = compute_loss\n"
+        "    return w\n")
+    cfg = config(workload=f"{tmp_path / 'mywl.py'}:warmup")
+    traced, _ = pilot(tmp_path, cfg, replay=False)
+    lines, p = pilot(tmp_path, cfg, replay=True)
+    assert not p.replayed and not p.replayed_micro
+    for phase in PHASES:
+        assert figures(lines[phase]) == figures(traced[phase]), phase
