@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from click.testing import CliRunner
 
 from planner.cli import cli
@@ -15,6 +17,8 @@ from tests.factories import campaign_yaml, standard_ledger
 
 BLOCKED = """
 import sys
+
+import pytest
 class _Block:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in ("torch", "probes"):
@@ -28,6 +32,7 @@ def readme_api_lines() -> str:
     return re.search(r"## Python API.*?```python\n(.*?)```", readme, re.S).group(1)
 
 
+@pytest.mark.slow  # two processes that plan, 7.5 s; test_a_plan_in_python_holds_what_its_files_say stays everyday
 def test_the_readmes_api_lines_make_the_plan_that_rentplan_plan_makes(tmp_path):
     (tmp_path / "campaign.yaml").write_text(campaign_yaml())
     standard_ledger(tmp_path / "rentplan.db")

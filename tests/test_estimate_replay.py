@@ -47,7 +47,8 @@ CASES = [
     pytest.param(dict(precision="bf16-true", target="sm50-75", optimizer="adamw_fused"), marks=pytest.mark.slow,
                  id="gpt-bf16true-fused"),
     pytest.param(dict(workload="builtin:classifier", params_json=json.dumps({"layers": 2, "d_model": 32}),
-                      micro_batch=3, grad_accum=2, precision="fp16", target="sm50-75"), id="classifier-fp16"),
+                      micro_batch=3, grad_accum=2, precision="fp16", target="sm50-75"), marks=pytest.mark.slow,
+                 id="classifier-fp16"),
     pytest.param(dict(micro_batch=1, seq_len=48, eval_micro_batch=2, eval_seq_len=16, steady_updates=5),
                  marks=pytest.mark.slow, id="gpt-eval-shorter"),
 ]
@@ -80,6 +81,7 @@ def test_what_the_replay_cannot_prove_the_same_is_traced(tmp_path):
 
 
 
+@pytest.mark.slow  # two estimates, 5.6 s
 def test_batches_of_another_shape_are_traced(tmp_path):
     """Later batches longer than the first (a workload whose batch length varies with its index): steady's
     forward and backward cannot be first_step's, so they are traced; resume's batch is as long as steady's, so its
@@ -161,6 +163,7 @@ def test_the_grid_reads_as_when_every_update_is_traced(tmp_path):
             assert got[cfg.key(), phase] == figures(traced[phase]), (cfg.label(), phase)
 
 
+@pytest.mark.slow  # two estimates, 6 s
 def test_a_workload_file_returning_a_built_in_model_is_traced(tmp_path):
     """A reviewer's attack (#43 item 7): a workload file returning `GPT(**kw)` with its own compute_loss (a z-loss
     that runs a second forward after the first micro-step) passed the guard (its type is the built-in's), so steady

@@ -167,6 +167,7 @@ def test_bitsandbytes_versions_and_what_their_matmul_keeps():
     assert BnbSemantics.of("0.41.1").saves_input and not BnbSemantics.of("0.44.1").saves_input
 
 
+@pytest.mark.slow  # 3.1 s: an estimate of a quantized model
 def test_an_old_bitsandbytes_holds_each_4bit_input_and_the_line_says_what_the_loop_may_add(llama):
     """litgpt pinned bitsandbytes 0.42.0: its MatMul4Bit keeps every 4-bit layer's input on the graph node, and
     litgpt's loop keeps the last step's logits into the next forward, so the previous step's inputs are held too.

@@ -170,7 +170,7 @@ def test_a_plan_that_fills_the_disk_leaves_the_earlier_plan_as_it_was(disk, tmp_
     assert (disk / "po" / "order.json").read_text() == "OLD"
 
 
-@pytest.mark.parametrize("blocker", ["order.json", "sky.yaml"])
+@pytest.mark.parametrize("blocker", ["order.json", pytest.param("sky.yaml", marks=pytest.mark.slow)])
 def test_a_plan_whose_output_name_is_a_folder_replaces_nothing_and_leaves_no_temporaries(tmp_path, blocker):
     """A fresh-clone user (#46's attack): with `out/order.json` a folder, `plan --out out` said
     "out/.order.json.y8onpcvs.tmp: is a folder" (a file the user never named), had already replaced selection.csv,
