@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from click.testing import CliRunner
 
 from planner.cli import cli
@@ -74,8 +73,6 @@ def test_the_api_refuses_what_it_cannot_read_by_name(tmp_path):
     """A fresh-clone user (#46's attack): api.plan(..., days=7) and headroom="0.2" ended in bare TypeErrors from deep
     inside, api.plan(None) in pathlib's, and probes.api.grid(micro_bach="1") quietly ran the default grid while
     grid(params={"layers": 1}) was refused. Each is now said by name (or read as meant), before anything runs."""
-    import pytest
-
     from planner import api
     from planner.errors import InputError
     from probes import api as probe_api
