@@ -386,6 +386,11 @@ class Pilot:
         return {"loss_first": loss, "loss_last": loss,
                 "detail": f"resumed at update {expected}, position {self.trainer.position - self.cfg.grad_accum}"}
 
+    def libraries(self) -> str:
+        """The model-code libraries the line ran under: none for a builtin: model (its code is rentplan's), whatever
+        else this process has imported (a pilot in a long-lived process, a test's, may have imported transformers)."""
+        return "" if self.cfg.workload.startswith("builtin:") else model_libraries()
+
     def memory_note(self) -> str:
         """The workload's own word on what its traced memory assumed (QLoRA's bitsandbytes version, probes/hf.py)."""
         note = getattr(self.trainer.workload, "memory_note", None)
@@ -588,7 +593,7 @@ class Pilot:
         fields["detail"] = "; ".join(filter(None, [fields.get("detail") or detail,
                                                    reading_notes(self.device, phase, self.cfg.optimizer)]))
         line = Line.from_config(self.cfg, run_id=self.run_id, probe_id=self.probe_id, phase=phase, rank=self.rank,
-                                verdict=verdict.value, started_at=started, libraries=model_libraries(), **self.env,
+                                verdict=verdict.value, started_at=started, libraries=self.libraries(), **self.env,
                                 **fields)
         self.emit("line", line.to_dict())
         return verdict is Verdict.OK

@@ -239,7 +239,9 @@ def test_sigterm_ends_a_campaign_run_as_ctrl_c_does(tmp_path):
     ledger = tmp_path / "l.db"
     proc = subprocess.Popen([sys.executable, "-m", "planner", "campaign", "run", str(spec), "--ledger", str(ledger),
                              "--out", str(tmp_path / "runs")], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # only the test's SIGTERM reaches it (twice in a long slow
+    # run it ended by SIGINT, rc -2, after printing "Interrupted": a signal sent to pytest's process group)
 
     def events():
         try:

@@ -56,6 +56,8 @@ CASES = [
 
 @pytest.mark.parametrize("kw", CASES)
 def test_a_replayed_resume_reads_as_a_traced_one(tmp_path, kw):
+    pytest.importorskip("transformers")  # a process that imported model code: a builtin's line names none (a
+    # slow run's grid test read 'transformers 5.25.0, ...' in process against '' from its workers)
     cfg = config(**kw)
     traced, old = pilot(tmp_path, cfg, replay=False)
     replayed, new = pilot(tmp_path, cfg, replay=True)
@@ -65,6 +67,7 @@ def test_a_replayed_resume_reads_as_a_traced_one(tmp_path, kw):
     for phase in PHASES:
         assert replayed[phase]["verdict"] == "ok", replayed[phase]["detail"]
         assert figures(replayed[phase]) == figures(traced[phase]), phase
+        assert replayed[phase]["libraries"] == "", phase
 
 
 @pytest.mark.slow  # three estimates
