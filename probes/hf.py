@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from planner.errors import WorkloadError
+from planner.inputs.grid import ON
 from probes.loop import remake_real_tensors
 
 IGNORE = -100
@@ -86,10 +87,8 @@ def _switch(name: str, value) -> bool:
     if isinstance(value, bool):
         return value
     word = str(value).strip().lower()
-    if word in ("true", "yes", "on", "1"):
-        return True
-    if word in ("false", "no", "off", "0"):
-        return False
+    if word in ON:  # the words --checkpointing and a spec read as a switch
+        return ON[word]
     raise WorkloadError(f"{name} must be true or false, got {value!r}")
 
 
