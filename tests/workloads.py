@@ -37,7 +37,7 @@ def nan_at(update: int = 3, grad_accum: int = 1, **kw):
 
 
 def die_in(phase_split: str = "val", how: str = "sigkill", **kw):
-    """Kills (SIGKILL) or hangs its own process when asked for a batch of `phase_split` (val = eval phase)."""
+    """Kills (SIGKILL), hangs, raises or is interrupted when asked for a batch of `phase_split` (val = eval phase)."""
     w = _Wrapped(**kw)
     make = w.make_batch
 
@@ -49,6 +49,8 @@ def die_in(phase_split: str = "val", how: str = "sigkill", **kw):
                 time.sleep(3600)
             elif how == "raise":
                 raise RuntimeError("boom: simulated illegal memory access")
+            elif how == "interrupt_in_exec":  # a Ctrl-C or SIGTERM landing in code made by exec(), as dataclasses,
+                exec("raise KeyboardInterrupt")  # namedtuple and torch build it while they import
         return make(split, index, micro_batch, seq_len)
 
     w.make_batch = make_batch

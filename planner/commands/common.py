@@ -65,9 +65,18 @@ def friendly_errors(fn):
         except KeyboardInterrupt:
             click.echo("Interrupted: every line written so far is in the ledger; rerun the same command to "
                        "continue where it stopped.", err=True)
+            _forget_interrupts_seen_by_exec()
             sys.exit(130)
 
     return wrapper
+
+
+def _forget_interrupts_seen_by_exec() -> None:
+    """Exit 130 wherever the interrupt landed. One that left code run by exec() (dataclasses, namedtuple and torch
+    make such code while they import) sets a process-wide flag that nothing clears but the next exec() of a string
+    (CPython's Python/pythonrun.c, run_eval_code_obj); under `python -m` (torchrun, tests) the process is then
+    killed by SIGINT at exit whatever it caught or exited with (Modules/main.c, Py_RunMain -> exit_sigint)."""
+    exec("None")
 
 
 def format_option(fn):
