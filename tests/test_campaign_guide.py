@@ -416,6 +416,38 @@ variants:
     assert row["setup_s"] == pytest.approx(m[m["kind"] == "setup"]["seconds"].sum())
 
 
+def test_a_variant_interrupted_and_resumed_is_billed_for_both_attempts(tmp_path):
+    """Budget review: Ctrl-C at update 3, the rerun resumes from update 2's checkpoint and finishes. The report's
+    hours and cost counted the finishing attempt alone (updates 2-4), as though the interrupted attempt's GPU time
+    were free; every attempt a variant paid for is on its bill."""
+    from tests.conftest import WORKLOADS
+
+    path = spec(tmp_path, f"""
+name: guide
+workload: {WORKLOADS}:interrupt_once
+params: {{layers: 1, d_model: 32, heads: 2, vocab: 64, marker: {tmp_path / "interrupted"}, at_index: 2}}
+seq_len: 16
+effective_batch: 2
+micro_batch: 2
+updates: 4
+save_every_updates: 1
+eval: {{every_updates: 2, examples: 2, seq_len: 16}}
+precision: fp32
+variants:
+  - {{id: control, lr: 1.0e-3}}
+""")
+    led = tmp_path / "l.db"
+    args = ("campaign", "run", path, "--ledger", led, "--out", tmp_path / "runs")
+    assert run(*args, ok=False).exit_code == 130
+    assert "resumed" in run(*args).output
+    m = tables(led)["campaign_metrics"]
+    billed = m[m["kind"].isin(["train", "val", "save", "export"])]
+    assert billed["run_id"].nunique() == 2  # both attempts billed something
+    (row,) = json.loads(run("campaign", "report", "--ledger", led, "--price", "2.5", "--format", "json").stdout)
+    assert row["hours"] == pytest.approx(billed["seconds"].sum() / 3600)
+    assert row["cost_usd"] == pytest.approx(billed["seconds"].sum() / 3600 * 2.5)
+
+
 def test_spec_keys_that_nothing_reads_are_refused_by_name(tmp_path):
     from click.testing import CliRunner
 

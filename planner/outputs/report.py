@@ -96,8 +96,9 @@ def _mean(values) -> float | None:
 
 
 def variant_table(runs: pd.DataFrame, price_per_hour: float | None = None) -> pd.DataFrame:
-    """One row per variant: the latest attempt per seed counts (seeds as mean ± sample std, never best-of);
-    earlier attempts stay visible in the status; runs of another budget are marked not comparable."""
+    """One row per variant: the latest attempt per seed counts for quality (seeds as mean ± sample std, never
+    best-of); earlier attempts stay visible in the status and on the bill (hours, set-up, cost: every attempt);
+    runs of another budget are marked not comparable."""
     ref = _reference_budget(runs)
     rows = []
     for variant, g in runs.groupby("variant", sort=False):
@@ -119,8 +120,9 @@ def variant_table(runs: pd.DataFrame, price_per_hour: float | None = None) -> pd
             "best_val_loss_mean": _mean(latest["best_val_loss"]),
             "final_val_accuracy_mean": _mean(latest["final_val_accuracy"]),
             "all_finished": bool(latest["outcome"].eq("finished").all()),
-            "hours": latest["seconds"].sum() / 3600, "setup_s": float(latest["setup_s"].sum()),
-            "cost_usd": (latest["seconds"].sum() / 3600 * price_per_hour) if price_per_hour else None,
+            # what the variant paid for: every attempt (an interrupted one, the one that resumed it, a retry)
+            "hours": g["seconds"].sum() / 3600, "setup_s": float(g["setup_s"].sum()),
+            "cost_usd": (g["seconds"].sum() / 3600 * price_per_hour) if price_per_hour else None,
             "attempts": len(g),
         })
     table = pd.DataFrame(rows)
