@@ -518,7 +518,8 @@ def _flat(pred):
 def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] | None, ledger_path: str, out: str,
                  device: str, updates: int | None, strategy: str, say=print, echo=print) -> list[str]:
     """`rentplan campaign run`: the device's start-up once (recorded, billed to no variant), then every variant by
-    priority and each of its seeds; returns the outcomes. say: progress; echo: one result line per run.
+    priority and each of its seeds; returns the outcomes (skipped or finished before for one it did not train).
+    say: progress; echo: one result line per run.
     The spec is answered here, once (campaign_spec.campaign_run): the runs never ask it anything."""
     from probes.runner import clean_stale_temporaries, sigterm_as_interrupt
 
@@ -560,8 +561,9 @@ def _run_variants(run: CampaignRun, seeds, ledger_path, out, device, updates, st
             held = from_rank0(_claim_variant(ledger_path, key, claim, run.name, v.id, seed, since, settings)
                               if rank == 0 else None)
             if held:
-                say(f"skip {v.id} seed {seed}: {held}")
-                outcomes.append("skipped")
+                outcome, why = held
+                say(f"skip {v.id} seed {seed}: {why}")
+                outcomes.append(outcome)
                 continue
             try:
                 with holding(ledger_path, key, claim) if rank == 0 else contextlib.nullcontext():
@@ -584,28 +586,29 @@ def _last_run_seq(ledger_path: str) -> int:
 
 
 def _claim_variant(ledger_path: str, key: str, claim: str, campaign: str, variant: str, seed: int,
-                   since: int, settings: dict) -> str | None:
-    """None when this command may train the (variant, seed) (the claim is then its own), else why not: another
-    command trains it now or finished it since this one started, or it finished before with the same `settings`
-    (the run's configuration and update count: a rerun continues a campaign, it does not pay for a run twice)."""
+                   since: int, settings: dict) -> tuple[str, str] | None:
+    """None when this command may train the (variant, seed) (the claim is then its own), else (outcome, why not):
+    skipped when another command trains it now or finished it since this one started; finished before when it
+    finished with the same `settings` (the run's configuration and update count: a rerun continues a campaign,
+    it does not pay for a run twice)."""
     with Ledger(ledger_path) as led:
         holder = led.claim(key, claim)
         if holder is not None:
-            return f"another campaign run is training it now (pid {holder['pid']} on {holder['host']})"
+            return "skipped", f"another campaign run is training it now (pid {holder['pid']} on {holder['host']})"
         runs, events = led.table("campaign_runs"), led.table("campaign_events")
         mine = runs[(runs["campaign"] == campaign) & (runs["variant"] == variant) & (runs["seed"] == seed)
                     & (runs["seq"] > since)]
         done = events[events["run_id"].isin(mine["run_id"]) & (events["event"] == "finished")]
         if not done.empty:
             led.release(key, claim)
-            return f"another campaign run finished it meanwhile (run {done['run_id'].iloc[0]})"
+            return "skipped", f"another campaign run finished it meanwhile (run {done['run_id'].iloc[0]})"
         same = runs[(runs["campaign"] == campaign) & (runs["variant"] == variant) & (runs["seed"] == seed)
                     & runs["config_json"].map(lambda text: _settings_of(text) == settings)]
         done = events[events["run_id"].isin(same["run_id"]) & (events["event"] == "finished")]
         if not done.empty:
             led.release(key, claim)
-            return (f"it finished with these settings (run {done['run_id'].iloc[-1]}); another --lr, --updates or "
-                    "--seeds trains a new run")
+            return "finished before", (f"it finished with these settings (run {done['run_id'].iloc[-1]}); another "
+                                       "--lr, --updates or --seeds trains a new run")
     return None
 
 

@@ -346,9 +346,13 @@ def test_a_rerun_skips_what_already_finished_with_the_same_settings(tmp_path):
     run(*base, "--variant", "control")
     r = run(*base)
     assert "skip control seed 0: it finished with these settings (run c-" in r.output, r.output
+    # the summary says what was skipped and why (it said "left to another campaign run", though none ran)
+    assert "1 run: 1 finished, 0 diverged, 0 errors; 1 finished before (skipped)" in r.output, r.output
+    assert "another campaign run" not in r.output, r.output
     runs, events, _ = runs_of(str(tmp_path / "l.db"))
     assert sorted(runs["variant"]) == ["control", "lr-high"]  # control trained once, lr-high once
-    assert "skip lr-high seed 0" in run(*base).output  # nothing left to train
+    again = run(*base).output
+    assert "skip lr-high seed 0" in again and "0 runs: " in again and "2 finished before (skipped)" in again, again
     run(*base, "--variant", "control", "--lr", "2e-3")  # another learning rate: a new run
     run(*base, "--variant", "control", "--updates", "1")  # a shortened run: a new run
     runs, _, _ = runs_of(str(tmp_path / "l.db"))

@@ -74,12 +74,14 @@ def campaign_run(campaign_path, variant_ids, seeds, lr_override, updates, ledger
     outcomes = run_campaign(camp, chosen, seed_list, ledger_path, out, dev, updates, strategy or "single",
                             progress if rank == 0 else (lambda msg: None), echo)
     skipped = outcomes.count("skipped")  # taken by another campaign run of this spec (said above)
-    outcomes = [o for o in outcomes if o != "skipped"]
+    before = outcomes.count("finished before")  # finished with the same settings by an earlier command
+    outcomes = [o for o in outcomes if o not in ("skipped", "finished before")]
     n = len(outcomes)
     counts = {k: outcomes.count(k) for k in ("finished", "diverged", "stopped", "error")}
     summary = (f"{n} run{'s' if n != 1 else ''}: {counts['finished']} finished, {counts['diverged']} diverged, "
                + (f"{counts['stopped']} stopped, " if counts["stopped"] else "")
                + f"{counts['error']} error{'s' if counts['error'] != 1 else ''}"
+               + (f"; {before} finished before (skipped)" if before else "")
                + (f"; {skipped} left to another campaign run" if skipped else ""))
     echo(summary)
     if counts["error"]:  # a divergence is a result; an error is not
