@@ -57,8 +57,26 @@ def start_workers() -> None:
     from multiprocessing import forkserver
 
     _context()
-    with _main_module_hidden():
+    with _main_module_hidden(), _ctrl_c_not_inherited():
         forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def _ctrl_c_not_inherited():
+    """The forkserver is a new interpreter that imports torch (seconds) before it ignores ^C itself
+    (multiprocessing/forkserver.py, main: the preload comes before its SIGINT handler); a terminal's Ctrl-C reaches
+    the whole process group, so it printed its own KeyboardInterrupt traceback there. Started with SIGINT ignored,
+    it inherits SIG_IGN through exec, and Python then installs no KeyboardInterrupt handler (signal's
+    initialisation keeps an ignored SIGINT ignored). The parent ignores ^C only while it spawns (milliseconds);
+    a thread other than the main one cannot set handlers and starts it as before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
@@ -174,6 +192,8 @@ def call_in_worker(fn, args: tuple, timeout_s: float = DEFAULT_TIMEOUT_S, env: d
     """Run fn(*args) in a fresh forkserver worker and return its result; failures raise RuntimeError.
     With env, the worker is a newly spawned interpreter started with those environment variables (forked
     workers share the forkserver's interpreter state, e.g. its PYTHONHASHSEED)."""
+    if env is None:
+        start_workers()
     ctx = _context() if env is None else mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_call_main, args=(fn, args, child))
@@ -385,6 +405,8 @@ def run_grid(configs: list[ProbeConfig], ledger_path: str | Path, *, timeout_s: 
                     progress(f"skip {cfg.label()}: {why}")
                 else:
                     todo.append(cfg)
+            if todo:
+                start_workers()  # from this (main) thread, so that the forkserver never sees a terminal's ^C
             tagged = [(cfg, f"[{i}/{len(todo)}] {cfg.label()}") for i, cfg in enumerate(todo, 1)]
             run = dict(ledger_path=ledger_path, workdir=workdir, probe_id=probe_id, timeout_s=timeout_s,
                        retry_failed=retry_failed, progress=progress, keep=result.lines.append)

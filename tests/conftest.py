@@ -1,5 +1,6 @@
 import functools
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -95,3 +96,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def ledger_path(tmp_path):
     return str(tmp_path / "ledger.db")
+
+
+def pytest_configure(config):
+    # A suite started in the background (`make test-slow &`, nohup, a CI runner's shell without job control) inherits
+    # SIGINT ignored, and so would every command the Ctrl-C tests start: they would wait out their timeouts, as a
+    # background rehearsal of .ci/run did. A terminal's Ctrl-C is what they test, so the commands get its handler.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -106,6 +106,63 @@ def test_ctrl_c_leaves_ledger_consistent_and_rerun_completes(tmp_path):
     assert list(df["verdict"][:3]) == ["ok", "ok", "ok"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
+def test_a_second_signal_while_the_command_exits_still_exits_130(tmp_path, second):
+    """A fresh-clone attack: Ctrl-C, then Ctrl-C again (or SIGTERM twice, as a scheduler may) while the command was
+    ending: it had printed "Interrupted" but died by the second signal (-2, -15), for Python restores the default
+    handlers before it tears down (signal's _PySignal_Fini) and the teardown of torch takes half a second."""
+    ledger = str(tmp_path / "l.db")
+    proc = start_hung_pilot("probe", ledger, 3, "--device", "cpu")  # stuck in eval
+    proc.send_signal(signal.SIGINT if second == signal.SIGINT else signal.SIGTERM)
+    time.sleep(0.15)
+    proc.send_signal(second)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Interrupted" in err and "Traceback" not in err
+    assert read_lines(ledger).iloc[-1]["verdict"] == "interrupted"
+
+
+@pytest.mark.slow  # a probe in a second process, interrupted while its forkserver imports torch
+def test_a_terminal_ctrl_c_while_the_workers_start_prints_no_traceback(tmp_path):
+    """A fresh-clone attack: Ctrl-C in a terminal (SIGINT to the whole process group) in the first seconds of
+    `probe` printed the forkserver's own "Traceback ... KeyboardInterrupt" (raised in probes/warm.py's torch
+    imports, before multiprocessing's forkserver ignores ^C) beside rentplan's "Interrupted" line."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    args = [sys.executable, "-m", "planner", "probe", "--ledger", str(tmp_path / "l.db"), "-w", f"{WORKLOADS}:die_in",
+            "-p", "layers=1", "-p", "d_model=32", "-p", "heads=2", "-p", "vocab=64", "--seq-len", "16",
+            "--device", "cpu"]
+    proc = subprocess.Popen(args, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # its group: the terminal's
+
+    def forkserver() -> bool:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+                if b"forkserver" in cmd and os.getpgid(int(pid)) == proc.pid:
+                    return True
+            except OSError:
+                pass
+        return False
+
+    deadline = time.monotonic() + 60
+    while not forkserver() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert forkserver(), "the probe started no forkserver"
+    time.sleep(0.3)  # inside its imports (torch takes seconds)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    time.sleep(1.0)  # the forkserver writes to the same stderr: let a late traceback arrive in the pipe's reader
+    assert proc.returncode == 130, err
+    assert "Interrupted" in err and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
 def _processes_with(marker: str) -> list[int]:
     import os
 

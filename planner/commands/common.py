@@ -30,12 +30,15 @@ def spec_from_options(opts: dict) -> GridSpec:
     return grid(**opts)
 
 
+INTERRUPTED = 130  # Ctrl-C's exit status (128 + SIGINT), SIGTERM's too
+
+
 def progress(msg: str) -> None:
     click.echo(msg, err=True)
 
 
 def friendly_errors(fn):
-    """Expected failures become `Error: ...` and exit 1; Ctrl-C exits 130 with a note."""
+    """Expected failures become `Error: ...` and exit 1; Ctrl-C (or SIGTERM) exits 130 with a note."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -65,18 +68,9 @@ def friendly_errors(fn):
         except KeyboardInterrupt:
             click.echo("Interrupted: every line written so far is in the ledger; rerun the same command to "
                        "continue where it stopped.", err=True)
-            _forget_interrupts_seen_by_exec()
-            sys.exit(130)
+            sys.exit(INTERRUPTED)  # planner/cli.main makes sure the process leaves with it
 
     return wrapper
-
-
-def _forget_interrupts_seen_by_exec() -> None:
-    """Exit 130 wherever the interrupt landed. One that left code run by exec() (dataclasses, namedtuple and torch
-    make such code while they import) sets a process-wide flag that nothing clears but the next exec() of a string
-    (CPython's Python/pythonrun.c, run_eval_code_obj); under `python -m` (torchrun, tests) the process is then
-    killed by SIGINT at exit whatever it caught or exited with (Modules/main.c, Py_RunMain -> exit_sigint)."""
-    exec("None")
 
 
 def format_option(fn):
