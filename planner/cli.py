@@ -14,7 +14,7 @@ import click
 from planner import __version__
 from planner.commands.campaign import archive, campaign, note
 from planner.commands.checks import inspect, overfit, resume_check, split
-from planner.commands.common import INTERRUPTED
+from planner.commands.common import INTERRUPTED, exit_as_interrupted
 from planner.commands.decide import (
     batch,
     demo,
@@ -24,8 +24,6 @@ from planner.commands.decide import (
 )
 from planner.commands.measure import estimate, probe
 from planner.commands.records import catalog, ledger
-
-EXIT_WATCHDOG_S = 10.0  # an interrupted command's exit (atexit handlers, joins) is cut off after this long
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -57,34 +55,8 @@ def main() -> None:
         cli()
     except SystemExit as e:
         if e.code == INTERRUPTED:
-            _exit_as_interrupted()
+            exit_as_interrupted()
         raise
-
-
-def _exit_as_interrupted() -> None:
-    """An interrupted command (commands/common.friendly_errors: its lines written, its note printed) leaves with
-    130, whatever arrives next; here, in the process's own entry point, never in a test's CliRunner.
-    - A second Ctrl-C or SIGTERM while the interpreter tears down (torch's takes half a second) killed it by that
-      signal: Python puts the default handlers back before the teardown (Modules/signalmodule.c, _PySignal_Fini,
-      which keeps an ignored signal ignored). Both are ignored from here; a watchdog ends an exit that hangs.
-    - An interrupt that left code run by exec() (dataclasses, namedtuple and torch make such code as they import)
-      sets a process-wide flag that only the next exec() of a string clears (Python/pythonrun.c,
-      run_eval_code_obj); under `python -m` (torchrun, tests) the process was then killed by SIGINT at exit
-      (Modules/main.c, Py_RunMain -> exit_sigint)."""
-    import os
-    import signal
-    import threading
-    import time
-
-    exec("None")
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
-
-    def watchdog():
-        time.sleep(EXIT_WATCHDOG_S)
-        os._exit(INTERRUPTED)
-
-    threading.Thread(target=watchdog, name="rentplan-exit-watchdog", daemon=True).start()
 
 
 if __name__ == "__main__":

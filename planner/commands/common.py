@@ -31,6 +31,7 @@ def spec_from_options(opts: dict) -> GridSpec:
 
 
 INTERRUPTED = 130  # Ctrl-C's exit status (128 + SIGINT), SIGTERM's too
+EXIT_WATCHDOG_S = 10.0  # an interrupted command's exit (atexit handlers, joins) is cut off after this long
 
 
 def progress(msg: str) -> None:
@@ -71,6 +72,32 @@ def friendly_errors(fn):
             sys.exit(INTERRUPTED)  # planner/cli.main makes sure the process leaves with it
 
     return wrapper
+
+
+def exit_as_interrupted() -> None:
+    """An interrupted command (friendly_errors above: its lines written, its note printed) leaves with
+    130, whatever arrives next. Called by the process's own entry point (planner/cli.main), never in a CliRunner.
+    - A second Ctrl-C or SIGTERM while the interpreter tears down (torch's takes half a second) killed it by that
+      signal: Python puts the default handlers back before the teardown (Modules/signalmodule.c, _PySignal_Fini,
+      which keeps an ignored signal ignored). Both are ignored from here; a watchdog ends an exit that hangs.
+    - An interrupt that left code run by exec() (dataclasses, namedtuple and torch make such code as they import)
+      sets a process-wide flag that only the next exec() of a string clears (Python/pythonrun.c,
+      run_eval_code_obj); under `python -m` (torchrun, tests) the process was then killed by SIGINT at exit
+      (Modules/main.c, Py_RunMain -> exit_sigint)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    exec("None")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+    def watchdog():
+        time.sleep(EXIT_WATCHDOG_S)
+        os._exit(INTERRUPTED)
+
+    threading.Thread(target=watchdog, name="rentplan-exit-watchdog", daemon=True).start()
 
 
 def format_option(fn):
