@@ -14,7 +14,7 @@ import click
 from planner import __version__
 from planner.commands.campaign import archive, campaign, note
 from planner.commands.checks import inspect, overfit, resume_check, split
-from planner.commands.common import INTERRUPTED, exit_as_interrupted
+from planner.commands.common import leave_with
 from planner.commands.decide import (
     batch,
     demo,
@@ -54,8 +54,7 @@ def main() -> None:
     try:
         cli()
     except SystemExit as e:
-        if e.code == INTERRUPTED:
-            exit_as_interrupted()
+        leave_with(e.code)
         raise
 
 

@@ -291,6 +291,36 @@ def test_an_interrupt_that_passed_through_exec_still_exits_130(tmp_path):
         assert list(led.table("campaign_events")["event"]) == ["started", "interrupted"]
 
 
+@pytest.mark.slow  # a campaign run in a second process
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_after_the_summary_leaves_the_exit_status_of_the_work_done(tmp_path, sig):
+    """A fresh-clone attack: Ctrl-C or SIGTERM just after `campaign run` printed "1 run: 1 finished" (the half second
+    in which Python tears torch down) ended it by that signal (-2, -15) or printed torch's atexit traceback, though
+    every run had finished; a script or CI job read a failure. The work done decides the exit status: 0."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, TINY
+
+    spec = tmp_path / "c.yaml"
+    spec.write_text(campaign_yaml(params=TINY, precision="fp32", seq_len=8, effective_batch=2, updates=2,
+                                  eval={"every_updates": 2, "examples": 2, "seq_len": 8},
+                                  variants=[{"id": "control", "lr": 1e-3, "priority": 1}]))
+    proc = subprocess.Popen([sys.executable, "-m", "planner", "campaign", "run", str(spec), "--ledger",
+                             str(tmp_path / "l.db"), "--out", str(tmp_path / "runs")],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    for line in proc.stdout:
+        if "1 finished" in line:
+            break
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
 @pytest.mark.slow  # three short campaign runs
 def test_a_rerun_after_an_interruption_resumes_from_the_last_checkpoint_exactly(tmp_path):
     """A helper's attack: after SIGTERM (Ctrl-C alike) the rerun the message promised started the run again from

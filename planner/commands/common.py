@@ -31,7 +31,7 @@ def spec_from_options(opts: dict) -> GridSpec:
 
 
 INTERRUPTED = 130  # Ctrl-C's exit status (128 + SIGINT), SIGTERM's too
-EXIT_WATCHDOG_S = 10.0  # an interrupted command's exit (atexit handlers, joins) is cut off after this long
+EXIT_WATCHDOG_S = 10.0  # a command's exit (atexit handlers, joins) is cut off after this long
 
 
 def progress(msg: str) -> None:
@@ -69,33 +69,35 @@ def friendly_errors(fn):
         except KeyboardInterrupt:
             click.echo("Interrupted: every line written so far is in the ledger; rerun the same command to "
                        "continue where it stopped.", err=True)
-            sys.exit(INTERRUPTED)  # planner/cli.main makes sure the process leaves with it
+            sys.exit(INTERRUPTED)  # planner/cli.main makes sure the process leaves with it (leave_with)
 
     return wrapper
 
 
-def exit_as_interrupted() -> None:
-    """An interrupted command (friendly_errors above: its lines written, its note printed) leaves with
-    130, whatever arrives next. Called by the process's own entry point (planner/cli.main), never in a CliRunner.
-    - A second Ctrl-C or SIGTERM while the interpreter tears down (torch's takes half a second) killed it by that
-      signal: Python puts the default handlers back before the teardown (Modules/signalmodule.c, _PySignal_Fini,
-      which keeps an ignored signal ignored). Both are ignored from here; a watchdog ends an exit that hangs.
+def leave_with(code) -> None:
+    """The process leaves with the exit status its command chose (`code`, as SystemExit holds it), whatever arrives
+    while it tears down. Called by the process's own entry point (planner/cli.main), never in a CliRunner.
+    - A Ctrl-C or SIGTERM in that half second (torch's teardown; after a summary, or a second one after
+      "Interrupted") killed it by that signal (-2, -15) or printed torch's atexit traceback: Python puts the default
+      handlers back before the teardown (Modules/signalmodule.c, _PySignal_Fini, which keeps an ignored signal
+      ignored). Both are ignored from here; a watchdog ends an exit that hangs.
     - An interrupt that left code run by exec() (dataclasses, namedtuple and torch make such code as they import)
       sets a process-wide flag that only the next exec() of a string clears (Python/pythonrun.c,
       run_eval_code_obj); under `python -m` (torchrun, tests) the process was then killed by SIGINT at exit
-      (Modules/main.c, Py_RunMain -> exit_sigint)."""
+      whatever it caught (Modules/main.c, Py_RunMain -> exit_sigint)."""
     import os
     import signal
     import threading
     import time
 
+    status = code if isinstance(code, int) else (0 if code is None else 1)  # sys.exit("text") prints it, exits 1
     exec("None")
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
 
     def watchdog():
         time.sleep(EXIT_WATCHDOG_S)
-        os._exit(INTERRUPTED)
+        os._exit(status)
 
     threading.Thread(target=watchdog, name="rentplan-exit-watchdog", daemon=True).start()
 
