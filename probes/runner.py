@@ -68,8 +68,9 @@ def _ctrl_c_not_inherited():
     the whole process group, so it printed its own KeyboardInterrupt traceback there. Started with SIGINT ignored,
     it inherits SIG_IGN through exec, and Python then installs no KeyboardInterrupt handler (signal's
     initialisation keeps an ignored SIGINT ignored). The parent ignores ^C only while it spawns (milliseconds);
-    a thread other than the main one cannot set handlers and starts it as before."""
-    if threading.current_thread() is not threading.main_thread():
+    a thread other than the main one cannot set handlers, and a handler set outside Python (getsignal: None) could
+    not be put back: both start it as before."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
         yield
         return
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)

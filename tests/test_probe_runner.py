@@ -123,6 +123,34 @@ def test_a_second_signal_while_the_command_exits_still_exits_130(tmp_path, secon
     assert read_lines(ledger).iloc[-1]["verdict"] == "interrupted"
 
 
+def test_starting_the_workers_puts_back_the_callers_ctrl_c_handler(monkeypatch):
+    """The forkserver starts with ^C ignored (it inherits that); the caller's handler is back afterwards, and a
+    handler set outside Python (signal.getsignal gives None: it cannot be put back) is left alone."""
+    import threading
+
+    import probes.runner as runner
+
+    def during():
+        seen.append(signal.getsignal(signal.SIGINT))
+
+    from multiprocessing import forkserver
+
+    seen: list = []
+    monkeypatch.setattr(forkserver, "ensure_running", during)
+    mine = signal.getsignal(signal.SIGINT)
+    runner.start_workers()
+    assert seen == [signal.SIG_IGN] and signal.getsignal(signal.SIGINT) is mine
+    monkeypatch.setattr(signal, "getsignal", lambda sig: None)  # as under a host whose C code installed it
+    set_calls: list = []
+    monkeypatch.setattr(signal, "signal", lambda *a: set_calls.append(a))
+    runner.start_workers()
+    assert set_calls == [] and len(seen) == 2
+    t = threading.Thread(target=runner.start_workers)  # another thread cannot set handlers: starts it as before
+    t.start()
+    t.join()
+    assert set_calls == [] and len(seen) == 3
+
+
 @pytest.mark.slow  # a probe in a second process, interrupted while its forkserver imports torch
 def test_a_terminal_ctrl_c_while_the_workers_start_prints_no_traceback(tmp_path):
     """A fresh-clone attack: Ctrl-C in a terminal (SIGINT to the whole process group) in the first seconds of
