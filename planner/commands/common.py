@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import shutil
+import signal
 import sys
+import threading
+import time
 
 import click
 
@@ -74,6 +78,13 @@ def friendly_errors(fn):
     return wrapper
 
 
+def sigterm_as_ctrl_c(signum, frame):
+    """SIGTERM (a spot machine's preemption, a cancelled job) ends a command as Ctrl-C does: "Interrupted", 130.
+    Set by the process's entry point for the whole command (planner/cli.main): a SIGTERM in a command's last
+    moments, after the pilot had put its own handler back, killed it (-15)."""
+    raise KeyboardInterrupt
+
+
 def leave_with(code) -> None:
     """The process leaves with the exit status its command chose (`code`, as SystemExit holds it), whatever arrives
     while it tears down. Called by the process's own entry point (planner/cli.main), never in a CliRunner.
@@ -85,15 +96,10 @@ def leave_with(code) -> None:
       sets a process-wide flag that only the next exec() of a string clears (Python/pythonrun.c,
       run_eval_code_obj); under `python -m` (torchrun, tests) the process was then killed by SIGINT at exit
       whatever it caught (Modules/main.c, Py_RunMain -> exit_sigint)."""
-    import os
-    import signal
-    import threading
-    import time
-
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # first: an interrupt now would escape the entry point
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     status = code if isinstance(code, int) else (0 if code is None else 1)  # sys.exit("text") prints it, exits 1
     exec("None")
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
 
     def watchdog():
         time.sleep(EXIT_WATCHDOG_S)
