@@ -14,7 +14,7 @@ import click
 from planner import __version__
 from planner.commands.campaign import archive, campaign, note
 from planner.commands.checks import inspect, overfit, resume_check, split
-from planner.commands.common import leave_with, sigterm_as_ctrl_c
+from planner.commands.common import leave_with
 from planner.commands.decide import (
     batch,
     demo,
@@ -24,6 +24,7 @@ from planner.commands.decide import (
 )
 from planner.commands.measure import estimate, probe
 from planner.commands.records import catalog, ledger
+from planner.errors import sigterm_as_interrupt
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -53,7 +54,7 @@ cli.add_command(note)
 def main() -> None:
     import signal
 
-    signal.signal(signal.SIGTERM, sigterm_as_ctrl_c)  # for the whole command, not only while it trains or probes
+    signal.signal(signal.SIGTERM, sigterm_as_interrupt)  # the whole command, not only while it trains or probes
     try:
         cli()
     except SystemExit as e:

@@ -1,4 +1,5 @@
-"""One exception family for expected failures; the CLI turns each into `Error: ...` and exit 1."""
+"""One exception family for expected failures; the CLI turns each into `Error: ...` and exit 1. And the one
+SIGTERM handler, which turns a preemption into the interrupt the CLI reports as Ctrl-C's."""
 
 
 class RentplanError(Exception):
@@ -27,3 +28,10 @@ class WorkloadError(RentplanError):
 
 class NoFeasibleGpu(RentplanError):
     pass
+
+
+def sigterm_as_interrupt(signum, frame):
+    """SIGTERM (a spot machine's preemption, a cancelled job) handled as Ctrl-C: what is in flight is marked
+    interrupted and the command says "Interrupted" and exits 130. planner/cli.main sets it for the whole command;
+    the pilot, the search and a campaign set it while they run for callers of the Python API."""
+    raise KeyboardInterrupt

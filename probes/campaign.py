@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from planner.errors import CampaignError
+from planner.errors import CampaignError, sigterm_as_interrupt
 from planner.inputs.campaign_spec import (
     KEPT_CHECKPOINTS,
     Campaign,
@@ -521,7 +521,7 @@ def run_campaign(campaign: Campaign, variants: list[Variant], seeds: list[int] |
     priority and each of its seeds; returns the outcomes (skipped or finished before for one it did not train).
     say: progress; echo: one result line per run.
     The spec is answered here, once (campaign_spec.campaign_run): the runs never ask it anything."""
-    from probes.runner import clean_stale_temporaries, sigterm_as_interrupt
+    from probes.runner import clean_stale_temporaries
 
     run = campaign_run(campaign, variants)
     rank, world = world_of()

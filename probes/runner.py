@@ -29,7 +29,7 @@ from typing import Callable
 
 import pandas as pd
 
-from planner.errors import InputError
+from planner.errors import InputError, sigterm_as_interrupt
 from planner.ledger import Ledger, holding, lines_frame, new_id
 from planner.records import PHASES, Line, ProbeConfig, Verdict
 from probes.distributed import init_fake_process_group
@@ -684,11 +684,6 @@ def _run_config_ranks(cfg, workdir, run_id, probe_id, timeout_s, tag, progress, 
             return False
     _remove_run_files(workdir, run_id)
     return True
-
-
-def sigterm_as_interrupt(signum, frame):
-    """SIGTERM (preemption, a cancelled job) handled as Ctrl-C: what is in flight is marked interrupted."""
-    raise KeyboardInterrupt
 
 
 def _rmtree(path: str) -> None:

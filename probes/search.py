@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from planner.errors import sigterm_as_interrupt
 from planner.inputs.grid import GridSpec, build_grid
 from planner.ledger import lines_frame
 from planner.models.memory_model import build_model, max_micro_batch, max_seq_len, phase_bytes
 from planner.records import Line, ProbeConfig
 from planner.units import fmt_bytes
 from probes.memory import _rss
-from probes.runner import run_grid, sigterm_as_interrupt
+from probes.runner import run_grid
 
 HOST_SHARE = 0.9  # of MemAvailable a real probe may grow to: the rest for the system and other processes
 UNMEASURED = 2.0  # RSS above a worker's setup ÷ the modelled need, before a probe measures it (1.4-1.7 seen)

@@ -78,13 +78,6 @@ def friendly_errors(fn):
     return wrapper
 
 
-def sigterm_as_ctrl_c(signum, frame):
-    """SIGTERM (a spot machine's preemption, a cancelled job) ends a command as Ctrl-C does: "Interrupted", 130.
-    Set by the process's entry point for the whole command (planner/cli.main): a SIGTERM in a command's last
-    moments, after the pilot had put its own handler back, killed it (-15)."""
-    raise KeyboardInterrupt
-
-
 def leave_with(code) -> None:
     """The process leaves with the exit status its command chose (`code`, as SystemExit holds it), whatever arrives
     while it tears down. Called by the process's own entry point (planner/cli.main), never in a CliRunner.
